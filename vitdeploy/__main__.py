@@ -1,0 +1,3 @@
+from vitdeploy.cli import app
+
+app()

@@ -1,0 +1,107 @@
+"""`vitdeploy train`, `vitdeploy presets`, `vitdeploy datasets`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from vitdeploy.cli.app import app, console, err_console, handle_errors, print_json
+from vitdeploy.errors import EXIT_PARTIAL
+
+
+@app.command()
+@handle_errors
+def presets(json_out: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table.")) -> None:
+    """List the model presets and their sizes (parameters at 224x224 with 1000 classes)."""
+    from vitdeploy.model import preset_table
+
+    rows = preset_table()
+    if json_out:
+        print_json(rows)
+        return
+    t = Table(title="presets (params at 224x224, 1000 classes)")
+    for c in ("name", "params", "patch", "dim", "depth", "heads", "mlp", "default input", "description"):
+        t.add_column(c, justify="right" if c in ("params", "patch", "dim", "depth", "heads", "mlp") else "left")
+    for r in rows:
+        t.add_row(
+            r["name"], f"{r['params']:,}", str(r["patch_size"]), str(r["embed_dim"]), str(r["depth"]),
+            str(r["num_heads"]), str(r["mlp_dim"]), "x".join(map(str, r["image_size"])), r["description"],
+        )
+    console.print(t)
+
+
+@app.command()
+@handle_errors
+def datasets(
+    name: str = typer.Argument(..., help="Dataset to write; today: digits."),
+    out_dir: Path = typer.Argument(..., help="Folder to write the ImageFolder (train/, val/) into."),
+) -> None:
+    """Write an embedded dataset as an ImageFolder of PNG files (train/ and val/)."""
+    from vitdeploy.data import DIGITS_NAME, write_digits
+    from vitdeploy.errors import UsageError
+
+    if name != DIGITS_NAME:
+        raise UsageError(f"unknown dataset {name!r}: the embedded dataset is 'digits'")
+    n_train, n_val = write_digits(out_dir)
+    console.print(f"wrote {n_train} train and {n_val} val images to {out_dir}/")
+
+
+@app.command()
+@handle_errors
+def train(
+    data_dir: Optional[Path] = typer.Argument(None, help="ImageFolder (class sub-folders, or train/ and val/). Default: the embedded digits set."),
+    preset: Optional[str] = typer.Option(None, help="Model preset (see `vitdeploy presets`). Default: vit-digits."),
+    image_size: Optional[int] = typer.Option(None, help="Input size (square), overriding the preset's."),
+    patch_size: Optional[int] = typer.Option(None, help="Patch size, overriding the preset's."),
+    pool: Optional[str] = typer.Option(None, help="Head on the 'cls' token or the 'mean' of patch tokens."),
+    epochs: Optional[int] = typer.Option(None, help="Epochs (default 40 on digits, 30 on a folder)."),
+    batch_size: int = typer.Option(64, help="Batch size."),
+    lr: float = typer.Option(2e-3, help="Peak learning rate (AdamW, warm-up then cosine decay)."),
+    weight_decay: float = typer.Option(0.05, help="AdamW weight decay."),
+    label_smoothing: float = typer.Option(0.1, help="Label smoothing."),
+    augment: bool = typer.Option(True, help="Light augmentation (random translation)."),
+    seed: int = typer.Option(0, help="Seed: the same seed gives the same result on CPU."),
+    out: Path = typer.Option(Path("ckpt.pth"), "--out", "-o", help="Checkpoint to write (best epoch, atomically)."),
+    resume: Optional[Path] = typer.Option(None, help="Continue training from this checkpoint."),
+    init: Optional[Path] = typer.Option(None, help="Fine-tune from this checkpoint (new head when the classes differ)."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    val_fraction: float = typer.Option(0.1, help="Validation share when DATA_DIR has no val/ folder."),
+) -> None:
+    """Train a ViT on an image folder or the embedded digits set; writes a self-describing checkpoint."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from vitdeploy.train import TrainOptions
+    from vitdeploy.train import train as run_train
+
+    opts = TrainOptions(
+        preset=preset, image_size=image_size, patch_size=patch_size, pool=pool, epochs=epochs, batch_size=batch_size,
+        lr=lr, weight_decay=weight_decay, label_smoothing=label_smoothing, augment=augment, seed=seed, out=out,
+        resume=resume, init=init, device=device, val_fraction=val_fraction,
+    )
+    with Progress(
+        TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(), console=err_console, transient=True,
+    ) as prog:
+        task = prog.add_task("train", total=None, info="reading images")
+
+        def on_event(kind: str, d: dict) -> None:
+            if kind == "start":
+                prog.update(task, total=d["epochs"], completed=d["start_epoch"],
+                            info=f"{d['train']} train / {d['val']} val images")
+            elif kind == "epoch":
+                prog.update(task, completed=d["epoch"] + 1,
+                            info=f"loss {d['loss']:.3f}  val top-1 {d['val_accuracy']:.2%}  best {d['best']:.2%}")
+
+        result = run_train(data_dir, opts, on_event)
+    for path, why in result.skipped:
+        err_console.print(f"skipped {path}: {why}", highlight=False)
+    console.print(
+        f"best validation top-1 {result.best_val_accuracy:.2%} (epoch {result.best_epoch + 1}/{result.epochs}) "
+        f"in {result.seconds:.0f} s → {result.checkpoint}"
+    )
+    if result.skipped:
+        err_console.print(f"{len(result.skipped)} unreadable image(s) skipped")
+        raise typer.Exit(EXIT_PARTIAL)

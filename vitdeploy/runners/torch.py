@@ -1,0 +1,31 @@
+"""PyTorch runner for vitdeploy checkpoints (eager mode)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from vitdeploy.runners.base import Runner
+
+
+class TorchRunner(Runner):
+    backend = "torch"
+
+    def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None) -> None:
+        import torch
+
+        from vitdeploy.checkpoint import load_any
+
+        ck = load_any(path)
+        super().__init__(ck.manifest, path, "fp32")
+        if threads:
+            torch.set_num_threads(threads)
+        self._torch = torch
+        self.device = torch.device(device)
+        self.model = ck.build().to(self.device).eval()
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        x = self._torch.from_numpy(self.check_input(batch)).to(self.device)
+        with self._torch.inference_mode():
+            return self.model(x).float().cpu().numpy()
