@@ -111,6 +111,10 @@ def load_model(path: str | Path) -> tuple[VisionTransformer, Manifest]:
     return ck.build(), ck.manifest
 
 
-def load_any(path: str | Path) -> Checkpoint:
-    """A checkpoint from any source vitdeploy reads (today: its own format)."""
+def load_any(path: str | Path, arch: str | None = None, labels: str | Path | None = None) -> Checkpoint:
+    """A checkpoint from any source vitdeploy reads.
+
+    ``arch`` names the architecture of a foreign state dict (e.g. a timm name) and
+    ``labels`` a file of class names, one per line, for sources that carry none.
+    """
     return load_checkpoint(path)
