@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from vitdeploy.errors import VitdeployError
+from vitdeploy.errors import UsageError, VitdeployError
 from vitdeploy.fileio import atomic_path
 from vitdeploy.manifest import CKPT_KEY, Manifest
 from vitdeploy.model import VisionTransformer, ViTConfig
@@ -49,27 +49,62 @@ def save_checkpoint(
     return Path(path)
 
 
+def _timm_model_name(obj: dict[str, Any]) -> str | None:
+    """The model name in a timm training checkpoint's argparse ``args`` (timm's CheckpointSaver stores them)."""
+    args = obj.get("args")
+    name = getattr(args, "model", None) if args is not None else None
+    if name is None and isinstance(args, dict):
+        name = args.get("model")
+    return name if isinstance(name, str) else None
+
+
+# Key markers of well-known non-ViT (or non-mappable) layouts → what to call them.
+_FOREIGN_LAYOUTS = (
+    (("conv_proj.weight", "encoder.layers.encoder_layer_0.ln_1.weight"), "a torchvision ViT (vit_b_16 …) state dict"),
+    (("visual.class_embedding",), "an OpenAI CLIP checkpoint"),
+    (("dist_token",), "a distilled DeiT state dict (dist_token, head_dist), which the vitdeploy ViT cannot hold"),
+    (("swin.embeddings.patch_embeddings.projection.weight",), "a Hugging Face Swin state dict"),
+    (("deit.embeddings.cls_token",), "a Hugging Face DeiT state dict (with a distillation token)"),
+    (("beit.embeddings.cls_token",), "a Hugging Face BEiT state dict"),
+    (("layers.0.blocks.0.attn.relative_position_bias_table",), "a Swin Transformer state dict"),
+    (("stages.0.blocks.0.conv_dw.weight",), "a ConvNeXt state dict"),
+    (("downsample_layers.0.0.weight",), "a ConvNeXt state dict"),
+    (("conv_stem.weight",), "an EfficientNet/MobileNet state dict"),
+)
+
+
 def describe_foreign(obj: Any) -> str:
     """What a loaded object that is not a vitdeploy checkpoint looks like, for the error message."""
     if isinstance(obj, dict):
         inner = obj
-        for k in ("state_dict", "state_dict_ema", "model"):
-            if isinstance(obj.get(k), dict):
+        for k in ("state_dict_ema", "model_ema", "state_dict", "model"):
+            if isinstance(obj.get(k), dict) and obj[k]:
                 inner = obj[k]
                 break
         keys = [k for k in inner if isinstance(k, str)]
         tensors = [k for k in keys if isinstance(inner[k], torch.Tensor)]
         if tensors:
+            if all(k.startswith("module.") for k in tensors):
+                inner = {k[len("module."):]: inner[k] for k in tensors}
+                keys = tensors = list(inner)
             ks = " ".join(keys)
+            for markers, what in _FOREIGN_LAYOUTS:
+                if any(m in inner for m in markers):
+                    return f"{what}: vitdeploy imports ViTs from timm (--arch) and Hugging Face (save_pretrained folders)"
             if "patch_embed.proj.weight" in inner and "cls_token" in inner:
-                return "a timm-style ViT state dict: pass it with --arch NAME (e.g. vit_base_patch16_224)"
-            if "vit.embeddings.patch_embeddings.projection.weight" in inner:
+                timm_name = _timm_model_name(obj)
+                example = timm_name or "vit_base_patch16_224"
+                what = "a timm training checkpoint" if inner is not obj else "a timm-style ViT state dict"
+                return f"{what}: pass it with --arch NAME (e.g. --arch {example})"
+            if "vit.embeddings.patch_embeddings.projection.weight" in inner or "embeddings.patch_embeddings.projection.weight" in inner:
                 return "a Hugging Face ViT state dict: pass the save_pretrained folder (config.json beside it)"
             if "layer1.0.conv1.weight" in inner or "fc.weight" in inner and "conv1.weight" in inner:
                 return f"a ResNet state dict ({len(tensors)} tensors): no patch_embed/cls_token keys"
             if "conv" in ks or "features." in ks:
                 return f"a CNN state dict ({len(tensors)} tensors): no patch_embed/cls_token keys"
-            return f"a plain state_dict of {len(tensors)} tensors (no vitdeploy manifest)"
+            return f"a plain state_dict of {len(tensors)} tensors (no vitdeploy manifest, no ViT keys such as patch_embed/cls_token)"
+        if "optimizer" in obj or "param_groups" in obj:
+            return "an optimizer state without model weights"
         return f"a dict with keys {', '.join(map(str, list(obj)[:6]))}, not a vitdeploy checkpoint"
     if isinstance(obj, torch.Tensor):
         return "a single tensor"
@@ -95,6 +130,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         if "weights_only" in msg or "Unsupported global" in msg:
             raise VitdeployError(f"{p}: holds pickled Python objects, not a vitdeploy checkpoint") from None
         raise VitdeployError(f"{p}: a truncated or corrupt checkpoint ({msg[:80]})") from None
+    return _from_object(p, obj)
+
+
+def _from_object(p: Path, obj: Any) -> Checkpoint:
     if not isinstance(obj, dict) or CKPT_KEY not in obj:
         raise VitdeployError(f"{p}: not a vitdeploy checkpoint — {describe_foreign(obj)}")
     try:
@@ -114,7 +153,42 @@ def load_model(path: str | Path) -> tuple[VisionTransformer, Manifest]:
 def load_any(path: str | Path, arch: str | None = None, labels: str | Path | None = None) -> Checkpoint:
     """A checkpoint from any source vitdeploy reads.
 
-    ``arch`` names the architecture of a foreign state dict (e.g. a timm name) and
-    ``labels`` a file of class names, one per line, for sources that carry none.
+    A vitdeploy checkpoint; a Hugging Face ``save_pretrained`` folder of a ViT (or its
+    config.json); or, with ``arch`` (a timm model name such as ``vit_base_patch16_224``),
+    a timm ViT state dict in a .pth/.bin/.safetensors file or a timm training checkpoint.
+    ``labels`` names a file of class names, one per line, replacing the source's.
     """
-    return load_checkpoint(path)
+    from vitdeploy import importers
+
+    p = Path(path)
+    if p.is_file() and p.name == importers.HF_CONFIG:
+        p = p.parent
+    if p.is_dir():
+        if not importers.is_hf_folder(p):
+            raise VitdeployError(
+                f"{p} is a folder without config.json: pass a vitdeploy checkpoint file, a Hugging Face "
+                "save_pretrained folder, or a timm state dict with --arch"
+            )
+        if arch:
+            raise UsageError(f"--arch {arch}: a Hugging Face folder describes its architecture in config.json; drop --arch")
+        return importers.load_hf_folder(p, labels)
+    if not p.exists():
+        raise VitdeployError(f"{p}: no such checkpoint; train one with `vitdeploy train` or pass its path")
+    if p.suffix == ".safetensors":
+        if arch:
+            return importers.load_timm(p, arch, labels)
+        sd, _ = importers.read_tensors(p)
+        raise VitdeployError(f"{p}: not a vitdeploy checkpoint — {describe_foreign(sd)}")
+    if p.stat().st_size == 0 or not zipfile.is_zipfile(p):
+        ck = load_checkpoint(p)  # names the problem (empty, truncated, not a PyTorch file)
+    else:
+        obj = importers.torch_load(p)
+        if isinstance(obj, dict) and CKPT_KEY in obj:
+            ck = _from_object(p, obj)
+        elif arch:
+            return importers.load_timm(p, arch, labels)
+        else:
+            raise VitdeployError(f"{p}: not a vitdeploy checkpoint — {describe_foreign(obj)}")
+    if labels is not None:
+        ck.manifest.labels = importers.labels_for(labels, ck.manifest.num_classes)
+    return ck

@@ -41,6 +41,9 @@ class ViTConfig:
     mlp_dim: int | None = None
     qkv_bias: bool = True
     pool: str = "cls"  # "cls" or "mean"
+    # "norm": LayerNorm over all tokens before pooling (timm's default); "fc_norm": LayerNorm after
+    # pooling (timm's global_pool="avg" models, whose weights name it fc_norm).
+    final_norm: str = "norm"
     ln_eps: float = 1e-6
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
@@ -57,6 +60,8 @@ class ViTConfig:
             raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         if self.pool not in ("cls", "mean"):
             raise ValueError(f"pool must be 'cls' or 'mean', not {self.pool!r}")
+        if self.final_norm not in ("norm", "fc_norm"):
+            raise ValueError(f"final_norm must be 'norm' or 'fc_norm', not {self.final_norm!r}")
 
     @property
     def hidden_dim(self) -> int:
@@ -164,7 +169,11 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, gh * gw + 1, cfg.embed_dim))
         self.pos_drop = nn.Dropout(cfg.drop_rate)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
-        self.norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps)
+        # Same parameter names as timm: fc_norm only exists (and norm is an Identity) for fc_norm models,
+        # so the default model, its state dict and its exported graph are unchanged.
+        fc = cfg.final_norm == "fc_norm"
+        self.norm = nn.Identity() if fc else nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps)
+        self.fc_norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps) if fc else None
         self.head = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self._init_weights()
 
@@ -192,6 +201,8 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, x: torch.Tensor) -> torch.Tensor:
         x = x[:, 1:].mean(dim=1) if self.cfg.pool == "mean" else x[:, 0]
+        if self.fc_norm is not None:
+            x = self.fc_norm(x)
         return self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
