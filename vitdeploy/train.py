@@ -43,6 +43,8 @@ class TrainOptions:
     out: str | Path = "ckpt.pth"
     resume: str | Path | None = None
     init: str | Path | None = None
+    arch: str | None = None  # timm model name of an --init state dict
+    labels: str | Path | None = None  # class names of the --init source, one per line
     device: str = "auto"
     val_fraction: float = 0.1
     threads: int | None = None
@@ -111,7 +113,7 @@ def _resolve_model(opts: TrainOptions, data_dir: str | Path | None) -> tuple[ViT
     if start is not None:
         from vitdeploy.checkpoint import load_any
 
-        ck = load_any(start)
+        ck = load_any(start, arch=opts.arch, labels=opts.labels)
         source, state = ck.manifest, ck.state_dict
         cfg = ViTConfig.from_dict(source.model)
         pp_dict = dict(source.preprocess)
@@ -152,6 +154,8 @@ def train(
         torch.set_num_threads(opts.threads)
     if opts.resume and opts.init:
         raise UsageError("--resume and --init exclude each other: resume continues a run, init starts a new one")
+    if (opts.arch or opts.labels) and not opts.init:
+        raise UsageError("--arch and --labels describe the --init source: pass them with --init")
     device = _device(opts.device)
     cfg, pp, name, init_state, source = _resolve_model(opts, data_dir)
 

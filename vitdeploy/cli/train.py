@@ -66,7 +66,11 @@ def train(
     seed: int = typer.Option(0, help="Seed: the same seed gives the same result on CPU."),
     out: Path = typer.Option(Path("ckpt.pth"), "--out", "-o", help="Checkpoint to write (best epoch, atomically)."),
     resume: Optional[Path] = typer.Option(None, help="Continue training from this checkpoint."),
-    init: Optional[Path] = typer.Option(None, help="Fine-tune from this checkpoint (new head when the classes differ)."),
+    init: Optional[Path] = typer.Option(
+        None, help="Fine-tune from this checkpoint, Hugging Face ViT folder or timm state dict (with --arch); "
+        "new head when the classes differ; keeps the source's preprocessing."),
+    arch: Optional[str] = typer.Option(None, help="timm model name of an --init state dict, e.g. vit_small_patch16_224."),
+    labels: Optional[Path] = typer.Option(None, help="Class names of the --init source, one per line."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     val_fraction: float = typer.Option(0.1, help="Validation share when DATA_DIR has no val/ folder."),
 ) -> None:
@@ -79,7 +83,7 @@ def train(
     opts = TrainOptions(
         preset=preset, image_size=image_size, patch_size=patch_size, pool=pool, epochs=epochs, batch_size=batch_size,
         lr=lr, weight_decay=weight_decay, label_smoothing=label_smoothing, augment=augment, seed=seed, out=out,
-        resume=resume, init=init, device=device, val_fraction=val_fraction,
+        resume=resume, init=init, arch=arch, labels=labels, device=device, val_fraction=val_fraction,
     )
     with Progress(
         TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
