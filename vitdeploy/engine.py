@@ -1,0 +1,316 @@
+"""ONNX → TensorRT plan, from the precision artifacts; imports tensorrt lazily.
+
+The engine step compiles a decided graph and makes no numeric decisions of its own: ``--int8`` and
+``--fp16`` only choose (or first make, through ``vitdeploy.precision``) the ONNX whose graph carries
+the precision. The plan is written as TensorRT serialized it — no header — so trtexec, Triton and
+DeepStream load it; ``<engine>.json`` beside it holds the manifest and how it was built. Where
+TensorRT or a GPU is missing, the precision artifact is still written and ``EngineNotBuilt``
+(exit 3) carries the commands that finish the job on the target.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vitdeploy.errors import PartlyDone, UsageError, VitdeployError
+from vitdeploy.fileio import atomic_path, sha256_file, write_text_atomic
+from vitdeploy.manifest import Manifest, read_onnx_manifest, sidecar_path, tool_versions
+from vitdeploy.trt_compat import (
+    ArtifactPlan,
+    NetworkPlan,
+    Profile,
+    engine_record,
+    finish_commands,
+    make_profile,
+    network_plan,
+    parse_version,
+    plan_artifact,
+)
+
+Event = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class BuildOptions:
+    """``vitdeploy build-engine``'s options, with the same names and defaults."""
+
+    fp16: bool = False
+    int8: bool = False
+    calib: Path = Path("calibration")
+    min_batch: int = 1
+    opt_batch: int = 8
+    max_batch: int = 32
+    workspace: float | None = None  # GiB
+    timing_cache: Path | None = None
+    dla_core: int | None = None
+    version_compatible: bool = False
+    out: Path | None = None
+
+
+@dataclass
+class BuildResult:
+    engine: Path
+    sidecar: Path
+    artifact: Path
+    record: dict[str, Any]
+    made_artifact: bool
+
+
+class EngineNotBuilt(PartlyDone):
+    """The precision artifact is written, the engine is not: ``missing`` says why, ``commands`` finish it."""
+
+    def __init__(self, artifact: Path, made_artifact: bool, missing: str, commands: list[str]) -> None:
+        self.artifact = artifact
+        self.made_artifact = made_artifact
+        self.missing = missing
+        self.commands = commands
+        super().__init__(f"{missing}: {artifact} is ready; build the engine on the target with: {commands[0]}")
+
+
+# ---------------------------------------------------------------- what is here
+
+
+@dataclass
+class TensorRTEnv:
+    """TensorRT and the GPU as found here; ``missing`` names what is not (None: everything is)."""
+
+    trt: Any = None
+    version: str | None = None
+    gpu: str | None = None
+    compute_capability: tuple[int, int] | None = None
+    cuda_runtime: str | None = None
+    missing: str | None = field(default=None)
+
+
+def import_tensorrt() -> Any:
+    """The tensorrt module, or a one-line reason (str) why it cannot be used here."""
+    try:
+        import tensorrt as trt
+    except ImportError:
+        return "TensorRT is not installed (no Python module `tensorrt`)"
+    except Exception as e:  # noqa: BLE001 - e.g. the wheel without libnvinfer: OSError
+        return f"TensorRT cannot be loaded ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+    # A folder named tensorrt with only type stubs (tensorrt-stubs) imports as an empty namespace package.
+    if not hasattr(trt, "Builder") or not hasattr(trt, "__version__"):
+        return "TensorRT is not installed (the `tensorrt` module here has no bindings: type stubs only)"
+    return trt
+
+
+def probe(device: int = 0) -> TensorRTEnv:
+    from vitdeploy.cuda import gpu_info
+
+    trt = import_tensorrt()
+    env = TensorRTEnv()
+    if isinstance(trt, str):
+        env.missing = trt
+    else:
+        env.trt, env.version = trt, str(trt.__version__)
+    info = gpu_info(device)
+    if isinstance(info, str):
+        env.missing = f"{env.missing}, and {info}" if env.missing else info
+    else:
+        env.gpu, env.compute_capability, env.cuda_runtime = info
+    return env
+
+
+# ---------------------------------------------------------------- the ONNX input
+
+
+def onnx_input(path: Path) -> tuple[str, list[int]]:
+    """The model's (first) input name and dims, -1 for symbolic ones (the batch)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in inits]
+    if len(inputs) != 1:
+        raise VitdeployError(f"{path}: expected one image input, found {len(inputs)}; re-export it with `vitdeploy export`")
+    inp = inputs[0]
+    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in inp.type.tensor_type.shape.dim]
+    return inp.name, dims
+
+
+def input_dims(path: Path, manifest: Manifest) -> tuple[str, list[int]]:
+    name, dims = onnx_input(path)
+    if len(dims) == 4 and dims[1] in (-1, 3) and -1 in dims[2:]:  # symbolic H, W: the manifest's size
+        h, w = manifest.input_size
+        dims = [dims[0], 3, h, w]
+    return name, dims
+
+
+# ---------------------------------------------------------------- the command
+
+
+def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None = None,
+                 on_event: Event | None = None) -> BuildResult:
+    """Make (or reuse) the precision artifact, then compile it into a plan with its sidecar.
+
+    Raises UsageError for impossible options before any work starts, and EngineNotBuilt (exit 3)
+    after writing the precision artifact where TensorRT or a CUDA GPU is missing.
+    """
+    o = options or BuildOptions()
+    emit = on_event or (lambda kind, d: None)
+    model = Path(model)
+    profile = make_profile(o.min_batch, o.opt_batch, o.max_batch, o.dla_core)
+    if o.workspace is not None and o.workspace <= 0:
+        raise UsageError(f"--workspace {o.workspace}: give the builder's workspace limit in GiB, more than 0")
+    if not model.exists():
+        hint = " (run `vitdeploy export ckpt.pth` first)" if model.name == "model.onnx" else ""
+        raise VitdeployError(f"{model}: no such file{hint}")
+    if model.suffix != ".onnx":
+        raise UsageError(f"{model}: build-engine takes an ONNX model; make one with `vitdeploy export {model}`")
+    manifest = read_onnx_manifest(model)
+    plan = plan_artifact(model, manifest.precision, o.fp16, o.int8, o.out, o.dla_core)
+    if plan.make == "int8" and not Path(o.calib).is_dir():
+        raise VitdeployError(
+            f"{o.calib}: no such folder of calibration images: put a few hundred images like the ones "
+            "the model will see there, or pass --calib DIR"
+        )
+
+    env = probe()
+    if env.missing is None:  # refuse what this device cannot do before any calibration or build starts
+        network_plan(env.version or "0", plan.precision, o.dla_core is not None, o.version_compatible)
+        if o.dla_core is not None:
+            n = int(env.trt.Builder(_logger(env.trt)).num_DLA_cores)
+            if o.dla_core >= n:
+                raise UsageError(
+                    f"--dla-core {o.dla_core}: this device has {n} DLA core{'s' if n != 1 else ''}"
+                    + (" (Jetson Orin has them; Thor, Nano and desktop GPUs have none)" if n == 0 else "")
+                )
+
+    made = make_artifact(plan, Path(o.calib), emit)
+    name, dims = input_dims(plan.artifact, read_onnx_manifest(plan.artifact))
+    if env.missing is not None:
+        cmds = finish_commands(plan.artifact, plan.engine, name, dims, profile, plan.precision, o.workspace,
+                               o.timing_cache, o.dla_core, o.version_compatible)
+        raise EngineNotBuilt(plan.artifact, made, env.missing, cmds)
+    return compile_engine(plan, env, profile, name, dims, o, emit, made)
+
+
+def make_artifact(plan: ArtifactPlan, calib: Path, emit: Event) -> bool:
+    """Write the FP16 or INT8 ONNX the engine is built from (verified by vitdeploy.precision); False if none was needed."""
+    if plan.make is None:
+        return False
+    try:
+        precision = importlib.import_module("vitdeploy.precision")  # issue 4's module: calibrate, convert_fp16
+    except ImportError:
+        raise VitdeployError("this vitdeploy has no precision module: update vitdeploy") from None
+    emit("artifact", {"kind": plan.make, "path": str(plan.artifact)})
+    if plan.make == "int8":
+        precision.calibrate(plan.source, calib, plan.artifact, float_type="fp16")
+    else:
+        precision.convert_fp16(plan.source, plan.artifact)
+    emit("artifact-done", {"kind": plan.make, "path": str(plan.artifact)})
+    return True
+
+
+def _logger(trt: Any) -> Any:
+    return trt.Logger(trt.Logger.WARNING)
+
+
+def compile_engine(plan: ArtifactPlan, env: TensorRTEnv, profile: Profile, input_name: str, dims: list[int],
+                   o: BuildOptions, emit: Event, made: bool = False) -> BuildResult:
+    """Parse the artifact, build one plan, write it and its sidecar atomically (and the timing cache)."""
+    import tensorrt as trt
+
+    version = str(trt.__version__)
+    nplan = network_plan(version, plan.precision, o.dla_core is not None, o.version_compatible)
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(network_flags(trt, nplan))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(plan.artifact)):
+        errors = [str(parser.get_error(i).desc()) for i in range(parser.num_errors)]
+        raise VitdeployError(
+            f"{plan.artifact}: TensorRT {version} cannot parse it: {'; '.join(errors)[:300] or 'no reason given'}"
+            " (TensorRT 8.5/8.6 read ONNX opsets up to 17: re-export with --opset 17)"
+        )
+    config = builder.create_builder_config()
+    if o.workspace is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(o.workspace * (1 << 30)))
+    for flag in nplan.builder_flags:
+        config.set_flag(getattr(trt.BuilderFlag, flag))
+    if o.dla_core is not None:
+        config.default_device_type = trt.DeviceType.DLA
+        config.DLA_core = int(o.dla_core)
+    mn, op, mx = profile.shapes(dims)
+    prof = builder.create_optimization_profile()
+    prof.set_shape(input_name, trt.Dims(list(mn)), trt.Dims(list(op)), trt.Dims(list(mx)))
+    if config.add_optimization_profile(prof) < 0:
+        raise VitdeployError(f"TensorRT refused the batch profile {mn} / {op} / {mx} for input {input_name!r}")
+    cache = None
+    if o.timing_cache is not None:
+        data = Path(o.timing_cache).read_bytes() if Path(o.timing_cache).exists() else b""
+        cache = config.create_timing_cache(data)
+        if not config.set_timing_cache(cache, False):  # a cache from another device/version: start afresh
+            cache = config.create_timing_cache(b"")
+            config.set_timing_cache(cache, False)
+
+    emit("build", {"engine": str(plan.engine), "tensorrt": version})
+    t0 = time.perf_counter()
+    serialized = builder.build_serialized_network(network, config)
+    seconds = time.perf_counter() - t0
+    if serialized is None:
+        raise VitdeployError(f"TensorRT {version} could not build {plan.artifact}: see its messages above")
+
+    options = {
+        "min_batch": profile.min, "opt_batch": profile.opt, "max_batch": profile.max,
+        "workspace_gib": o.workspace, "timing_cache": str(o.timing_cache) if o.timing_cache else None,
+        "dla_core": o.dla_core, "version_compatible": o.version_compatible,
+    }
+    record = engine_record(
+        trt_version=version, gpu_name=env.gpu or "?", compute_capability=env.compute_capability or (0, 0),
+        profile=profile, input_name=input_name, input_dims=dims, plan=nplan, options=options,
+        build_seconds=seconds, source=plan.artifact, source_sha256=sha256_file(plan.artifact),
+        cuda_runtime=env.cuda_runtime,
+    )
+    record["built_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    manifest = read_onnx_manifest(plan.artifact)
+    side = sidecar_manifest(manifest, record, plan.artifact)
+    sidecar = sidecar_path(plan.engine)
+    with atomic_path(plan.engine) as tmp_engine, atomic_path(sidecar) as tmp_side:
+        with open(tmp_engine, "wb") as f:
+            f.write(memoryview(serialized))
+        tmp_side.write_text(side.to_json(indent=2) + "\n")
+    if cache is not None and o.timing_cache is not None:
+        timing = config.get_timing_cache()
+        with atomic_path(o.timing_cache) as tmp_cache, open(tmp_cache, "wb") as f:
+            f.write(memoryview(timing.serialize()))
+    emit("built", {"engine": str(plan.engine), "seconds": seconds})
+    return BuildResult(plan.engine, sidecar, plan.artifact, record, made)
+
+
+def network_flags(trt: Any, nplan: NetworkPlan) -> int:
+    """create_network's flag bits; EXPLICIT_BATCH only where it exists and is needed (8.x, 9.x)."""
+    flags = 0
+    if nplan.explicit_batch:
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+    if nplan.strongly_typed:
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    return flags
+
+
+def sidecar_manifest(manifest: Manifest, record: dict[str, Any], artifact: Path) -> Manifest:
+    """The artifact's manifest for the engine: same model, labels, preprocessing and precision, plus the build."""
+    source = {"artifact": artifact.name, "sha256": record["source_sha256"], "kind": "onnx", "parent": manifest.source}
+    versions = dict(manifest.versions)
+    versions.update(tool_versions("onnx"))
+    versions["tensorrt"] = record["tensorrt"]
+    return manifest.derive(source=source, versions=versions, engine=record)
+
+
+def write_sidecar(engine: Path, manifest: Manifest) -> Path:
+    side = sidecar_path(engine)
+    write_text_atomic(side, manifest.to_json(indent=2) + "\n")
+    return side
+
+
+def installed_tensorrt_version() -> tuple[int, ...] | None:
+    trt = import_tensorrt()
+    return None if isinstance(trt, str) else parse_version(trt.__version__)
