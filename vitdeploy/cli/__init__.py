@@ -1,5 +1,6 @@
 """vitdeploy's command line: a thin layer over the library (one module per group of commands)."""
 
+from vitdeploy.cli import engine as _engine  # noqa: F401
 from vitdeploy.cli import train as _train  # noqa: F401  (registers commands)
 from vitdeploy.cli.app import app
 

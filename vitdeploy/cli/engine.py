@@ -1,0 +1,74 @@
+"""`vitdeploy build-engine`: the precision artifact, then a TensorRT plan with its sidecar."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from vitdeploy.cli.app import app, console, err_console, handle_errors
+from vitdeploy.errors import EXIT_PARTIAL
+
+
+@app.command("build-engine")
+@handle_errors
+def build_engine(
+    model: Path = typer.Argument(Path("model.onnx"), help="ONNX model from `vitdeploy export` (or its .fp16/.int8 artifact)."),
+    fp16: bool = typer.Option(False, "--fp16", help="Make MODEL.fp16.onnx first (FP16 with float32 islands) and build that."),
+    int8: bool = typer.Option(False, "--int8", help="Calibrate MODEL.int8.onnx first (Q/DQ INT8, FP16 for the rest) and build "
+                              "that. With --fp16 too: the same (INT8 with FP16 for the unquantized parts)."),
+    calib: Path = typer.Option(Path("calibration"), help="Folder of calibration images for --int8."),
+    min_batch: int = typer.Option(1, help="Smallest batch of the optimization profile."),
+    opt_batch: int = typer.Option(8, help="Batch TensorRT tunes for (with --dla-core: the one fixed batch)."),
+    max_batch: int = typer.Option(32, help="Largest batch; the runner splits larger ones."),
+    workspace: Optional[float] = typer.Option(None, help="Builder workspace limit in GiB (default: TensorRT's)."),
+    timing_cache: Optional[Path] = typer.Option(None, help="Timing cache to read and update (per device and TensorRT version)."),
+    dla_core: Optional[int] = typer.Option(None, help="Build for this DLA core (Jetson Orin) with GPU fallback; fixed batch."),
+    version_compatible: bool = typer.Option(False, "--version-compatible", help="Let newer TensorRT runtimes load the plan (8.6+)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Engine file (default: MODEL.<precision>.engine beside MODEL)."),
+) -> None:
+    """Build a TensorRT engine from an ONNX model whose graph carries the precision.
+
+    Without TensorRT or a CUDA GPU the precision artifact is still written, the commands that finish the job on the target are printed, and the exit code is 3.
+    """
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from vitdeploy.engine import BuildOptions, EngineNotBuilt
+    from vitdeploy.engine import build_engine as run_build
+
+    opts = BuildOptions(
+        fp16=fp16, int8=int8, calib=calib, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
+        workspace=workspace, timing_cache=timing_cache, dla_core=dla_core, version_compatible=version_compatible,
+        out=out,
+    )
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
+                  transient=True) as prog:
+        task = prog.add_task("build-engine", total=None)
+
+        def on_event(kind: str, d: dict) -> None:
+            if kind == "artifact":
+                what = "calibrating INT8" if d["kind"] == "int8" else "converting to FP16"
+                prog.update(task, description=f"{what} → {d['path']}")
+            elif kind == "artifact-done":
+                prog.console.print(f"wrote {d['path']}", highlight=False)
+            elif kind == "build":
+                prog.update(task, description=f"TensorRT {d['tensorrt']} building {d['engine']} (minutes)")
+
+        try:
+            result = run_build(model, opts, on_event)
+        except EngineNotBuilt as e:
+            prog.stop()
+            err_console.print(f"[bold yellow]partly done:[/] {e.missing}; the engine is built where TensorRT and the GPU are.",
+                              highlight=False, soft_wrap=True)
+            console.print(f"# {e.artifact} is ready. On the target, in this folder:", highlight=False, soft_wrap=True)
+            for line in e.commands:
+                console.print(line, highlight=False, soft_wrap=True, markup=False)
+            raise typer.Exit(EXIT_PARTIAL) from None
+    rec = result.record
+    console.print(
+        f"built {result.engine} ({rec['tensorrt']}, {rec['gpu']} sm_{rec['compute_capability'].replace('.', '')}, "
+        f"batch {rec['options']['min_batch']}–{rec['options']['max_batch']}) in {rec['build_seconds']:.0f} s; "
+        f"sidecar {result.sidecar.name}",
+        highlight=False,
+    )
