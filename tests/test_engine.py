@@ -66,7 +66,7 @@ def write_linear_onnx(path: Path, precision: str = "fp32", seed: int = 0) -> Pat
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
         [w, b],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     set_onnx_manifest(model, small_manifest(precision))
     onnx.save(model, str(path))
     return path
