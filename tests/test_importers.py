@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 from vitdeploy.checkpoint import load_any
 from vitdeploy.errors import UsageError, VitdeployError
 from vitdeploy.importers import timm_arch
+from vitdeploy.manifest import read_manifest
 from vitdeploy.model import IMAGENET_MEAN, IMAGENET_STD, VisionTransformer, ViTConfig
 from vitdeploy.preprocess import preprocess_file
 
@@ -91,6 +92,7 @@ def test_hf_folder_gives_transformers_logits_labels_and_preprocessing(hf_dir: Pa
     assert (pp.input_size, pp.resize_mode, pp.interpolation) == ((48, 48), "squash", "bicubic")
     assert pp.mean == pytest.approx(IMAGENET_MEAN) and pp.std == pytest.approx(IMAGENET_STD)
     assert m.source["format"] == "huggingface"
+    assert read_manifest(hf_dir).labels == HF_LABELS  # what verify/infer read for "any artifact"
 
     ref_pixels, ref_logits = _hf_reference(hf_dir, real_images)
     ours = np.stack([preprocess_file(f, pp) for f in real_images])

@@ -150,6 +150,6 @@ def read_manifest(path: str | Path) -> Manifest:
         if not side.exists():
             raise VitdeployError(f"{p}: no sidecar {side.name} beside the engine; rebuild it with `vitdeploy build-engine`")
         return Manifest.from_json(side.read_text())
-    from vitdeploy.checkpoint import load_checkpoint
+    from vitdeploy.checkpoint import load_any  # also Hugging Face ViT folders
 
-    return load_checkpoint(p).manifest
+    return load_any(p).manifest
