@@ -397,6 +397,16 @@ def test_finetune_from_hf_folder_keeps_its_preprocessing(hf_dir: Path, tmp_path:
     pe0, pe1 = src.state_dict["patch_embed.proj.weight"], ck.state_dict["patch_embed.proj.weight"]
     assert (pe1 - pe0).norm() < 0.5 * pe0.norm()
     assert res.best_val_accuracy > 0.2  # one epoch of 10-class digits from a random-weight source
+    # and the fine-tuned checkpoint exports like any other
+    from vitdeploy.export import export_onnx
+    from vitdeploy.runners import open_runner
+
+    onnx_path = tmp_path / "ft.onnx"
+    export_onnx(out, onnx_path)
+    x = np.random.default_rng(0).standard_normal((3, 3, 48, 48)).astype(np.float32)
+    a, b = open_runner(out)(x), open_runner(onnx_path)(x)
+    assert a.shape == (3, 10) and np.abs(a - b).max() <= 1e-4
+    assert open_runner(onnx_path).manifest.labels == [str(i) for i in range(10)]
 
 
 def test_cli_train_init_timm_and_one_line_errors(timm_file: Path, mixed_mode_folder: Path, tmp_path: Path) -> None:
@@ -423,3 +433,44 @@ def test_cli_train_init_timm_and_one_line_errors(timm_file: Path, mixed_mode_fol
     r = runner.invoke(app, ["train", "--arch", "vit_tiny_patch16_224", "--epochs", "1"])
     assert r.exit_code == 2 and "--init" in r.output
     assert not (tmp_path / "x.pth").exists()
+
+
+# --- export ----------------------------------------------------------------------------------------
+
+
+def test_export_hf_folder_matches_transformers_and_carries_labels(hf_dir: Path, real_images: list[Path], tmp_path: Path) -> None:
+    from vitdeploy.export import export_onnx
+    from vitdeploy.manifest import read_onnx_manifest
+    from vitdeploy.runners import open_runner
+
+    out = tmp_path / "hf.onnx"
+    export_onnx(hf_dir, out)
+    m = read_onnx_manifest(out)
+    assert m.labels == HF_LABELS
+    assert m.preprocess == load_any(hf_dir).manifest.preprocess
+    ref_pixels, ref_logits = _hf_reference(hf_dir, real_images)
+    runner = open_runner(out)
+    x = np.stack([preprocess_file(f, runner.manifest.pp()) for f in real_images])  # vitdeploy's own preprocessing
+    logits = runner(x)
+    assert ref_logits.std() > 0.1
+    assert np.abs(logits - ref_logits).max() <= 1e-4
+    assert (logits.argmax(1) == ref_logits.argmax(1)).all()
+
+
+def test_export_timm_state_dict_matches_the_reference(timm_file: Path, photo_files: list[Path], tmp_path: Path) -> None:
+    from vitdeploy.export import export_onnx
+    from vitdeploy.manifest import read_onnx_manifest
+    from vitdeploy.runners import open_runner
+
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(f"kind {i}" for i in range(7)))
+    out = tmp_path / "timm.onnx"
+    export_onnx(timm_file, out, arch="vit_tiny_patch16_224", labels=labels, check=False)
+    m = read_onnx_manifest(out)
+    assert m.labels == [f"kind {i}" for i in range(7)] and m.pp().crop_pct == 0.9
+    files = photo_files[:2]
+    ref_pixels = np.stack([timm_reference_pixels(f, 224, 0.9, (0.5,) * 3, (0.5,) * 3) for f in files])
+    ref = timm_reference_forward(torch.load(timm_file, weights_only=True), torch.from_numpy(ref_pixels), num_heads=3).numpy()
+    runner = open_runner(out)
+    logits = runner(np.stack([preprocess_file(f, runner.manifest.pp()) for f in files]))
+    assert np.abs(logits - ref).max() <= 1e-4
