@@ -1,7 +1,9 @@
 """vitdeploy's command line: a thin layer over the library (one module per group of commands)."""
 
 from vitdeploy.cli import engine as _engine  # noqa: F401
+from vitdeploy.cli import export as _export  # noqa: F401
 from vitdeploy.cli import train as _train  # noqa: F401  (registers commands)
+from vitdeploy.cli import verify as _verify  # noqa: F401
 from vitdeploy.cli.app import app
 
 __all__ = ["app"]

@@ -1,0 +1,66 @@
+"""`vitdeploy export`: checkpoint → ONNX with a dynamic batch, parity-checked against PyTorch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from vitdeploy.cli.app import app, console, err_console, handle_errors
+
+_STAGES = {
+    "load": "loading the checkpoint",
+    "export": "tracing to ONNX",
+    "clean": "folding constants, removing dead and duplicated nodes",
+    "save": "writing",
+    "checker": "onnx.checker (full check, shape inference)",
+    "parity": "parity against PyTorch at batch 1, 7, 32",
+}
+
+
+@app.command()
+@handle_errors
+def export(
+    checkpoint: Path = typer.Argument(Path("ckpt.pth"), help="Checkpoint (vitdeploy, Hugging Face folder, or timm state dict with --arch)."),
+    out: Path = typer.Option(Path("model.onnx"), "--out", "-o", help="ONNX model to write (atomically; external data beside it over 2 GB)."),
+    opset: int = typer.Option(17, help="ONNX opset: 17 (TensorRT 8.5/8.6 parse up to 17) or higher."),
+    check: bool = typer.Option(True, "--check/--no-check", help="Parity check against PyTorch after export."),
+    images: Optional[Path] = typer.Option(None, help="Images for the parity check. Default: calibration/, else the digits set for a digits model, else random inputs."),
+    arch: Optional[str] = typer.Option(None, help="Architecture of a foreign state dict (a timm name such as vit_base_patch16_224)."),
+    labels: Optional[Path] = typer.Option(None, help="File of class names, one per line, replacing the checkpoint's."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print node counts by op type and the time of each step."),
+) -> None:
+    """Export a checkpoint to ONNX: input pixel_values [batch, 3, H, W], output logits [batch, classes], manifest inside."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from vitdeploy.export import export_onnx
+
+    with Progress(
+        SpinnerColumn(), TextColumn("[bold]export"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+        console=err_console, transient=True,
+    ) as prog:
+        task = prog.add_task("export", total=None, info="")
+
+        def on_step(stage: str, info: dict) -> None:
+            prog.update(task, info=_STAGES.get(stage, stage))
+
+        result = export_onnx(checkpoint, out, opset=opset, check=check, images=images, arch=arch, labels=labels,
+                             verbose=verbose, progress=on_step)
+    if verbose:
+        console.print("nodes by op type: " + ", ".join(f"{op} {n}" for op, n in result.node_counts.items()), highlight=False)
+        console.print(f"{sum(result.node_counts.values())} nodes; steps: "
+                      + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items()), highlight=False)
+    if result.parity is not None:
+        for w in result.parity.warnings:
+            err_console.print(f"warning: {w}", highlight=False)
+        for p, why in result.parity.skipped:
+            err_console.print(f"skipped {p}: {why}", highlight=False)
+        if verbose:
+            for b in result.parity:
+                console.print(f"  {b.describe()}", highlight=False)
+        console.print(result.parity.summary(), highlight=False)
+    else:
+        err_console.print("parity check skipped (--no-check)")
+    extra = f" + {result.external_data.name}" if result.external_data else ""
+    console.print(f"wrote {result.path}{extra} (opset {result.opset}, dynamic batch) in {result.seconds:.1f} s", highlight=False)

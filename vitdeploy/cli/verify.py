@@ -1,0 +1,78 @@
+"""`vitdeploy verify`: prove that artifacts still answer like the reference on real images."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from vitdeploy.cli.app import app, console, err_console, handle_errors
+from vitdeploy.errors import EXIT_PARTIAL
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2%}"
+
+
+@app.command()
+@handle_errors
+def verify(
+    reference: Path = typer.Argument(..., help="The artifact the others must answer like (usually the checkpoint)."),
+    candidates: list[Path] = typer.Argument(..., help="Artifacts to compare: checkpoints, .onnx models, engines."),
+    images: Path = typer.Option(..., "--images", "-i", help="Images: an ImageFolder (class sub-folders) gives accuracy too; a flat folder agreement only."),
+    tolerance: Optional[str] = typer.Option(None, help="Override the per-precision limits: RTOL (e.g. 1e-4) or rtol=R,agreement=A (rtol=none to skip the logit check). Default: fp32 max|Δ| ≤ 1e-4·max(1,max|logit|) and 100% agreement; fp16 1e-2 and 99.9%; int8 99%."),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="Images per model call."),
+    backend: str = typer.Option("auto", help="auto (each artifact's own), or a backend for the candidates that can run on it."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write {\"results\": [...]} (reference first) to FILE."),
+    threads: Optional[int] = typer.Option(None, help="Inference threads (default: one per core)."),
+) -> None:
+    """Compare artifacts on the same images: accuracy, top-1 agreement, |Δlogit|, cosine; exit 1 outside tolerance."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from vitdeploy.errors import VitdeployError
+    from vitdeploy.fileio import write_text_atomic
+    from vitdeploy.verify import verify as run_verify
+
+    with Progress(
+        TextColumn("[bold]verify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=err_console, transient=True,
+    ) as prog:
+        task = prog.add_task("verify", total=None)
+
+        def on_progress(kind: str, d: dict) -> None:
+            if kind == "start":
+                prog.update(task, total=d["total"])
+            else:
+                prog.advance(task, d["n"])
+
+        report = run_verify(reference, candidates, images, tolerance=tolerance, batch_size=batch_size,
+                            backend=backend, progress=on_progress, threads=threads)
+    for p, why in report.skipped:
+        err_console.print(f"skipped {p}: {why}", highlight=False)
+    for n in report.notes:
+        err_console.print(f"note: {n}", highlight=False)
+    labeled = report.labels is not None
+    top5 = labeled and len(report.class_labels) >= 5
+    t = Table(title=f"verify on {len(report.paths)} images from {report.images}", show_edge=False)
+    cols = ["artifact", "backend", "precision"] + (["top-1"] if labeled else []) + (["top-5"] if top5 else [])
+    cols += ["agreement", "max |Δlogit|", "mean |Δlogit|", "cosine", "result"]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("artifact", "backend", "precision", "result") else "right")
+    for r in report.results:
+        row = [r.artifact, r.backend, r.precision] + ([_pct(r.top1)] if labeled else []) + ([_pct(r.top5)] if top5 else [])
+        verdict = "reference" if r.is_reference else ("ok" if r.passed else "[red]FAIL[/]")
+        row += [_pct(r.agreement), f"{r.max_abs_diff:.2e}", f"{r.mean_abs_diff:.2e}", f"{r.cosine:.6f}", verdict]
+        t.add_row(*row)
+    console.print(t)
+    if json_out is not None:
+        write_text_atomic(json_out, json.dumps(report.to_dict(), indent=2) + "\n")
+        console.print(f"results → {json_out}", highlight=False)
+    if not report.passed:
+        for f in report.failures[1:]:
+            err_console.print(f"[red]outside tolerance:[/] {f}", highlight=False)
+        raise VitdeployError(f"outside tolerance: {report.failures[0]}")
+    if report.skipped:
+        raise VitdeployError(f"{len(report.skipped)} unreadable image(s) skipped; the rest verified", EXIT_PARTIAL)

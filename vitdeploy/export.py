@@ -1,0 +1,615 @@
+"""Checkpoint → ONNX with a dynamic batch, cleaned for TensorRT, then proven against PyTorch.
+
+Exporter choice (measured on 2 CPU cores, vit-base at 224): torch's TorchScript
+exporter (``dynamo=False``) takes ~13 s and writes opset 17 directly; the
+dynamo exporter takes ~38 s and writes more Slice/Reshape nodes. The
+TorchScript graph carries Constant/Identity/Shape chains, which onnxslim folds
+and deduplicates. onnxslim re-runs shape inference on the whole model many
+times (serializing every weight each time: ~40 s for vit-base), so it is given
+a light copy in which every large initializer is a graph input of the same
+shape, and the weights are put back afterwards. Weights are never folded that
+way, which is right: the exporter already folded them (transposed Linear
+weights), and anything a weight feeds depends on the image.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from vitdeploy.errors import VitdeployError
+from vitdeploy.manifest import Manifest, set_onnx_manifest, tool_versions
+
+if TYPE_CHECKING:
+    import onnx
+    import torch
+
+
+INPUT_NAME = "pixel_values"
+OUTPUT_NAME = "logits"
+BATCH_DIM = "batch"
+DEFAULT_OPSET = 17
+MIN_OPSET = 17
+# Highest opset torch's TorchScript exporter writes; higher ones are reached with onnx's version converter.
+TORCHSCRIPT_MAX_OPSET = 20
+# Models whose weights exceed this go to external data (protobuf's hard limit is 2 GiB).
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+# Initializers with more elements than this are hidden from onnxslim (see the module docstring).
+_LIGHT_NUMEL = 256
+PARITY_BATCHES = (1, 7, 32)
+PARITY_RTOL = 1e-4
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+# --- parity ---------------------------------------------------------------------------------
+
+
+@dataclass
+class BatchParity:
+    """ONNX Runtime against PyTorch on one batch."""
+
+    batch_size: int
+    max_abs_diff: float
+    max_abs_logit: float
+    tolerance: float
+    top1_mismatches: int
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_diff <= self.tolerance and self.top1_mismatches == 0
+
+    def describe(self) -> str:
+        s = f"batch {self.batch_size}: max |Δlogit| {self.max_abs_diff:.2e} (limit {self.tolerance:.2e}"
+        s += f" = {PARITY_RTOL:g} × max(1, {self.max_abs_logit:.3g}))"
+        if self.top1_mismatches:
+            s += f", {self.top1_mismatches} of {self.batch_size} top-1 differ"
+        return s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "max_abs_diff": self.max_abs_diff,
+            "max_abs_logit": self.max_abs_logit,
+            "tolerance": self.tolerance,
+            "top1_mismatches": self.top1_mismatches,
+            "passed": self.passed,
+        }
+
+
+@dataclass
+class ParityReport:
+    """Per-batch parity results; iterates like the list of them."""
+
+    batches: list[BatchParity]
+    source: str  # where the inputs came from: a folder, "calibration", "digits" or "random"
+    num_images: int
+    warnings: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(b.passed for b in self.batches)
+
+    @property
+    def failures(self) -> list[BatchParity]:
+        return [b for b in self.batches if not b.passed]
+
+    def __iter__(self) -> Iterator[BatchParity]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> BatchParity:
+        return self.batches[i]
+
+    def summary(self) -> str:
+        worst = max(self.batches, key=lambda b: b.max_abs_diff / b.tolerance)
+        sizes = ", ".join(str(b.batch_size) for b in self.batches)
+        verdict = "passed" if self.passed else "FAILED"
+        return f"parity {verdict} at batch {sizes} on {self.source} ({self.num_images} images); worst {worst.describe()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "source": self.source,
+            "num_images": self.num_images,
+            "batches": [b.to_dict() for b in self.batches],
+            "warnings": self.warnings,
+            "skipped": [list(s) for s in self.skipped],
+        }
+
+
+def _parity_inputs(
+    manifest: Manifest, images: str | Path | None, count: int
+) -> tuple[np.ndarray, str, list[str], list[tuple[str, str]]]:
+    """``count`` preprocessed inputs from the first source that has images (cycled when there are fewer)."""
+    from vitdeploy.images import iter_batches
+    from vitdeploy.preprocess import list_images
+
+    pp = manifest.pp()
+    notes: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    arrays: list[np.ndarray] = []
+    source = ""
+    folder: Path | None = None
+    if images is not None:
+        folder = Path(images)
+        if not folder.exists():
+            raise VitdeployError(f"--images {folder}: no such folder")
+        files = list_images(folder)
+        if not files:
+            raise VitdeployError(f"--images {folder}: no image files in it")
+    else:
+        cal = Path("calibration")
+        files = list_images(cal) if cal.is_dir() else []
+        folder = cal if files else None
+    if folder is not None:
+        source = str(folder)
+        for b in iter_batches(files[: count * 2], pp, batch_size=count):
+            skipped += [(str(p), why) for p, why in b.skipped]
+            arrays += list(b.array) if len(b.paths) else []
+            if len(arrays) >= count:
+                break
+        if not arrays:
+            raise VitdeployError(f"{folder}: none of its images can be read (first: {skipped[0][0]}: {skipped[0][1]})")
+    elif manifest.source.get("dataset") == "digits":
+        from vitdeploy.data import digits_images, digits_split
+        from vitdeploy.preprocess import preprocess_image
+
+        imgs, _ = digits_images()
+        _, val = digits_split()
+        source = "digits"
+        arrays = [preprocess_image(imgs[i].convert("RGB"), pp) for i in val[:count]]
+    else:
+        source = "random"
+        notes.append(
+            "no images to check parity on (no --images, no calibration/ images, not a digits model): "
+            "random inputs prove the graph, not the accuracy; pass --images DIR"
+        )
+        h, w = manifest.input_size
+        arrays = list(np.random.default_rng(0).standard_normal((count, 3, h, w), dtype=np.float32))
+    n = len(arrays)
+    if n < count:
+        notes.append(f"only {n} readable image(s) in {source}: repeated to fill batches")
+    x = np.stack([arrays[i % n] for i in range(count)]).astype(np.float32)
+    return x, source, notes, skipped
+
+
+def check_parity(
+    checkpoint_or_model: Any,
+    onnx_path: str | Path,
+    images: str | Path | None = None,
+    batch_sizes: Sequence[int] = PARITY_BATCHES,
+    rtol: float = PARITY_RTOL,
+    arch: str | None = None,
+    labels: str | Path | None = None,
+) -> ParityReport:
+    """ONNX Runtime (CPU) against PyTorch on the same inputs, one run per batch size.
+
+    ``checkpoint_or_model``: a checkpoint path (anything load_any reads), a Checkpoint,
+    or an eval-mode VisionTransformer. A batch passes when max |Δlogit| ≤ rtol × max(1,
+    max |logit|) and every top-1 agrees. Different inputs per batch size, so batch 32
+    is 32 different images where there are that many.
+    """
+    import torch
+
+    from vitdeploy.runners.onnxruntime import OnnxRuntimeRunner
+
+    model, _ = _torch_model(checkpoint_or_model, arch, labels)
+    runner = OnnxRuntimeRunner(onnx_path)
+    total = int(sum(batch_sizes))
+    x, source, notes, skipped = _parity_inputs(runner.manifest, images, total)
+    results: list[BatchParity] = []
+    offset = 0
+    for bs in batch_sizes:
+        xb = x[offset : offset + bs]
+        offset += bs
+        with torch.inference_mode():
+            ref = model(torch.from_numpy(xb)).float().numpy()
+        got = runner.run(xb)
+        if got.shape != ref.shape:
+            raise VitdeployError(f"{onnx_path}: batch {bs} gives logits of shape {list(got.shape)}, PyTorch {list(ref.shape)}")
+        max_logit = float(np.abs(ref).max())
+        results.append(
+            BatchParity(
+                batch_size=int(bs),
+                max_abs_diff=float(np.abs(got - ref).max()),
+                max_abs_logit=max_logit,
+                tolerance=rtol * max(1.0, max_logit),
+                top1_mismatches=int((got.argmax(-1) != ref.argmax(-1)).sum()),
+            )
+        )
+    runner.close()
+    return ParityReport(results, source, min(total, len(x)), notes, skipped)
+
+
+def _torch_model(obj: Any, arch: str | None = None, labels: str | Path | None = None) -> tuple[torch.nn.Module, Manifest | None]:
+    from torch import nn
+
+    from vitdeploy.checkpoint import Checkpoint, load_any
+
+    if isinstance(obj, nn.Module):
+        return obj.eval(), None
+    ck = obj if isinstance(obj, Checkpoint) else load_any(obj, arch=arch, labels=labels)
+    return ck.build(), ck.manifest
+
+
+# --- export ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    manifest: Manifest
+    parity: ParityReport | None  # iterates as the list of per-batch results
+    node_counts: dict[str, int]
+    opset: int
+    seconds: float
+    external_data: Path | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "opset": self.opset,
+            "external_data": str(self.external_data) if self.external_data else None,
+            "node_counts": self.node_counts,
+            "seconds": round(self.seconds, 2),
+            "timings": {k: round(v, 2) for k, v in self.timings.items()},
+            "parity": self.parity.to_dict() if self.parity is not None else None,
+        }
+
+
+def max_supported_opset() -> int:
+    """The highest ai.onnx opset the installed onnx knows."""
+    import onnx.defs
+
+    return int(onnx.defs.onnx_opset_version())
+
+
+def check_opset(opset: int) -> int:
+    hi = max_supported_opset()
+    if opset < MIN_OPSET:
+        raise VitdeployError(
+            f"--opset {opset} is below {MIN_OPSET}: 17 is the first opset with LayerNormalization "
+            f"(which TensorRT keeps in FP32); choose {MIN_OPSET}..{hi}"
+        )
+    if opset > hi:
+        raise VitdeployError(f"--opset {opset} is above {hi}, the highest the installed onnx supports; choose {MIN_OPSET}..{hi}")
+    return opset
+
+
+def source_sha256(path: str | Path) -> str:
+    """SHA-256 of a checkpoint file, or of a folder's files (names and contents) for a Hugging Face folder."""
+    from vitdeploy.fileio import sha256_file
+
+    p = Path(path)
+    if p.is_file():
+        return sha256_file(p)
+    h = hashlib.sha256()
+    for f in sorted(q for q in p.rglob("*") if q.is_file()):
+        h.update(str(f.relative_to(p)).encode() + b"\0" + bytes.fromhex(sha256_file(f)))
+    return h.hexdigest()
+
+
+def node_counts(model: onnx.ModelProto) -> dict[str, int]:
+    c = collections.Counter(n.op_type for n in model.graph.node)
+    return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def graph_problems(model: onnx.ModelProto) -> list[str]:
+    """What would keep TensorRT from a clean build: dead nodes, duplicates, unfolded constants."""
+    g = model.graph
+    problems: list[str] = []
+    produced_by = {o: n for n in g.node for o in n.output}
+    live: set[int] = set()
+    stack = [o.name for o in g.output]
+    while stack:
+        name = stack.pop()
+        n = produced_by.get(name)
+        if n is None or id(n) in live:
+            continue
+        live.add(id(n))
+        stack.extend(i for i in n.input if i)
+    dead = [n for n in g.node if id(n) not in live]
+    if dead:
+        problems.append(f"{len(dead)} dead node(s), e.g. {dead[0].op_type} {dead[0].name}")
+    seen: dict[tuple[Any, ...], str] = {}
+    dups = 0
+    for n in g.node:
+        key = (n.op_type, n.domain, tuple(n.input), tuple(a.SerializeToString() for a in n.attribute))
+        if key in seen:
+            dups += 1
+        seen.setdefault(key, n.name)
+    if dups:
+        problems.append(f"{dups} duplicated node(s) (same op, inputs and attributes)")
+    consts = {i.name for i in g.initializer}
+    leftovers = [n.op_type for n in g.node if n.op_type in ("Constant", "Identity", "ConstantOfShape")]
+    foldable = [n.op_type for n in g.node if n.input and all((not i) or i in consts for i in n.input)]
+    if leftovers or foldable:
+        problems.append(f"unfolded constant node(s): {', '.join(sorted(set(leftovers + foldable)))}")
+    return problems
+
+
+def _initializer_bytes(model: onnx.ModelProto) -> int:
+    import onnx
+
+    total = 0
+    for t in model.graph.initializer:
+        n = int(np.prod(t.dims)) if len(t.dims) else 1
+        total += n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    return total
+
+
+def _slim(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnxslim's folding, dead-code and duplicate elimination on a copy without the large weights."""
+    import onnx
+    import onnxslim
+
+    big: dict[str, onnx.TensorProto] = {}
+    small: list[onnx.TensorProto] = []
+    for t in model.graph.initializer:
+        (big.__setitem__(t.name, t) if int(np.prod(t.dims) if len(t.dims) else 1) > _LIGHT_NUMEL else small.append(t))
+    graph_inputs = [i.name for i in model.graph.input]
+    model.graph.ClearField("initializer")
+    model.graph.initializer.extend(small)
+    for name, t in big.items():
+        model.graph.input.append(onnx.helper.make_tensor_value_info(name, t.data_type, list(t.dims)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        slim = onnxslim.slim(model)
+    if slim is None:
+        raise VitdeployError("onnxslim could not simplify the exported graph: report this with the checkpoint's preset")
+    kept_inputs = [i for i in slim.graph.input if i.name not in big]
+    used = {i for n in slim.graph.node for i in n.input} | {o.name for o in slim.graph.output}
+    restore = [big[i.name] for i in slim.graph.input if i.name in big and i.name in used]
+    if [i.name for i in kept_inputs] != graph_inputs[:1]:
+        raise VitdeployError(f"graph inputs changed while cleaning ({[i.name for i in kept_inputs]}): re-run with --debug")
+    slim.graph.ClearField("input")
+    slim.graph.input.extend(kept_inputs)
+    # large initializers first, as the exporter wrote them; onnxslim's folded constants after
+    folded = list(slim.graph.initializer)
+    slim.graph.ClearField("initializer")
+    slim.graph.initializer.extend(restore + folded)
+    return slim
+
+
+def _fix_io(model: onnx.ModelProto, num_classes: int, h: int, w: int) -> None:
+    """Input [batch, 3, H, W] and output [batch, classes] float32, batch the only symbolic dim."""
+    import onnx
+
+    inp, out = model.graph.input[0], model.graph.output[0]
+    for vi, dims in ((inp, [BATCH_DIM, 3, h, w]), (out, [BATCH_DIM, num_classes])):
+        if vi.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+            raise VitdeployError(f"exported {vi.name} is not float32: re-run with --debug")
+        shape = vi.type.tensor_type.shape
+        shape.ClearField("dim")
+        for d in dims:
+            dim = shape.dim.add()
+            if isinstance(d, str):
+                dim.dim_param = d
+            else:
+                dim.dim_value = int(d)
+
+
+def _merge_attention_scale(model: onnx.ModelProto) -> int:
+    """Q·√s and Kᵀ·√s (how torch exports scaled_dot_product_attention) → Q·s, so one Mul scales Q.
+
+    That is the pattern TensorRT fuses (scale on Q, then MatMul → Softmax → MatMul), and it
+    saves one Mul per block. Returns the number of attention blocks rewritten.
+    """
+    from onnx import numpy_helper
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    consumers: dict[str, int] = collections.Counter(i for n in g.node for i in n.input)
+    softmax_in = {n.input[0] for n in g.node if n.op_type == "Softmax"}
+    drop: set[int] = set()
+    rewritten = 0
+    new_inits: dict[bytes, onnx.TensorProto] = {}
+    for n in g.node:
+        if n.op_type != "MatMul" or n.output[0] not in softmax_in:
+            continue
+        mq, mk = producer.get(n.input[0]), producer.get(n.input[1])
+        if not (mq and mk and mq.op_type == "Mul" and mk.op_type == "Mul"):
+            continue
+        sq, sk = mq.input[1], mk.input[1]
+        if sq != sk or sq not in inits or consumers[mk.output[0]] != 1 or consumers[mq.output[0]] != 1:
+            continue
+        s = numpy_helper.to_array(inits[sq])
+        if s.size != 1:
+            continue
+        s2 = (s.astype(np.float64) ** 2).astype(s.dtype)
+        if s2.tobytes() not in new_inits:
+            new_inits[s2.tobytes()] = numpy_helper.from_array(s2, f"attention_scale_{len(new_inits)}")
+        mq.input[1] = new_inits[s2.tobytes()].name
+        n.input[1] = mk.input[0]
+        drop.add(id(mk))
+        rewritten += 1
+    if rewritten:
+        keep = [n for n in g.node if id(n) not in drop]
+        g.ClearField("node")
+        g.node.extend(keep)
+        g.initializer.extend(new_inits.values())
+        used = {i for n in g.node for i in n.input}
+        unused = [t for t in g.initializer if t.name not in used]
+        if unused:
+            live = [t for t in g.initializer if t.name in used]
+            g.ClearField("initializer")
+            g.initializer.extend(live)
+    return rewritten
+
+
+def _torch_export(model: torch.nn.Module, path: Path, h: int, w: int, opset: int) -> None:
+    import torch
+
+    x = torch.randn(2, 3, h, w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            (x,),
+            str(path),
+            input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME],
+            opset_version=min(opset, TORCHSCRIPT_MAX_OPSET),
+            dynamic_axes={INPUT_NAME: {0: BATCH_DIM}, OUTPUT_NAME: {0: BATCH_DIM}},
+            do_constant_folding=True,
+            dynamo=False,
+        )
+
+
+def export_onnx(
+    checkpoint: str | Path = "ckpt.pth",
+    out: str | Path = "model.onnx",
+    opset: int = DEFAULT_OPSET,
+    check: bool = True,
+    images: str | Path | None = None,
+    arch: str | None = None,
+    labels: str | Path | None = None,
+    verbose: bool = False,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Export a checkpoint to ONNX (dynamic batch, manifest inside) and, with ``check``, prove parity.
+
+    Everything is written into a temporary folder beside ``out`` and moved into place
+    only after the checker and the parity check pass; a failure leaves an earlier
+    ``out`` untouched. ``verbose`` is kept for the CLI (node counts are always in the result).
+    """
+    import onnx
+    import torch
+
+    from vitdeploy.checkpoint import load_any
+
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    check_opset(opset)
+    out = Path(out)
+    if out.suffix != ".onnx":
+        raise VitdeployError(f"{out}: the output must end in .onnx")
+
+    def step(name: str, **info: Any) -> None:
+        if progress:
+            progress(name, info)
+
+    step("load", path=str(checkpoint))
+    t = time.perf_counter()
+    ck = load_any(checkpoint, arch=arch, labels=labels)
+    model = ck.build()
+    manifest = ck.manifest
+    h, w = manifest.input_size
+    if tuple(model.cfg.image_size) != (h, w):
+        raise VitdeployError(f"{checkpoint}: model input {model.cfg.image_size} differs from the preprocessing's {h}x{w}")
+    timings["load"] = time.perf_counter() - t
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        step("export", opset=opset)
+        t = time.perf_counter()
+        raw = tmpdir / "raw.onnx"
+        with torch.inference_mode(False), torch.no_grad():
+            _torch_export(model, raw, h, w, opset)
+        m = onnx.load(str(raw))
+        for f in tmpdir.iterdir():
+            f.unlink()
+        timings["export"] = time.perf_counter() - t
+
+        step("clean")
+        t = time.perf_counter()
+        m = _slim(m)
+        _merge_attention_scale(m)
+        if opset > TORCHSCRIPT_MAX_OPSET:
+            from onnx import version_converter
+
+            m = version_converter.convert_version(m, opset)
+        _fix_io(m, manifest.num_classes, h, w)
+        m.producer_name = "vitdeploy"
+        from vitdeploy import __version__
+
+        m.producer_version = __version__
+        m.doc_string = f"{manifest.name}: float32 pixel_values [batch, 3, {h}, {w}] → logits [batch, {manifest.num_classes}]"
+        timings["clean"] = time.perf_counter() - t
+
+        derived = manifest.derive(
+            precision="fp32",
+            source={
+                "kind": "checkpoint",
+                "path": Path(checkpoint).name,
+                "sha256": source_sha256(checkpoint),
+                "dataset": manifest.source.get("dataset"),
+                "parent": manifest.source,
+            },
+            versions=tool_versions("torch", "onnx", "onnxslim", "numpy"),
+            export={"opset": opset, "input": INPUT_NAME, "output": OUTPUT_NAME, "dynamic_axes": {"batch": 0}},
+        )
+        set_onnx_manifest(m, derived)
+        counts = node_counts(m)
+
+        step("save")
+        t = time.perf_counter()
+        tmp_model = tmpdir / out.name
+        external = _initializer_bytes(m) > EXTERNAL_DATA_THRESHOLD
+        data_name = out.name + ".data"
+        if external:
+            onnx.save_model(m, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=data_name, size_threshold=1024)
+        else:
+            onnx.save_model(m, str(tmp_model))
+        del m
+        timings["save"] = time.perf_counter() - t
+
+        step("checker")
+        t = time.perf_counter()
+        try:
+            onnx.checker.check_model(str(tmp_model), full_check=True)
+        except Exception as e:  # onnx raises ValidationError / InferenceError
+            raise VitdeployError(f"the exported graph fails onnx.checker: {str(e).splitlines()[0][:200]}") from None
+        timings["checker"] = time.perf_counter() - t
+
+        parity: ParityReport | None = None
+        if check:
+            step("parity", batch_sizes=list(PARITY_BATCHES))
+            t = time.perf_counter()
+            parity = check_parity(model, tmp_model, images=images)
+            timings["parity"] = time.perf_counter() - t
+            if not parity.passed:
+                worst = max(parity.failures, key=lambda b: b.max_abs_diff / b.tolerance)
+                raise VitdeployError(
+                    f"parity check failed against PyTorch on {parity.source}: {worst.describe()}; "
+                    f"{out} not written (--no-check writes it anyway)"
+                )
+
+        # move into place: the data file first, so the .onnx never points at a missing file
+        old_data = out.with_name(data_name)
+        if external:
+            os.replace(tmpdir / data_name, old_data)
+        os.replace(tmp_model, out)
+        if not external and old_data.exists():
+            old_data.unlink()  # a stale file from an earlier (external-data) export of this name
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return ExportResult(
+        path=out,
+        manifest=derived,
+        parity=parity,
+        node_counts=counts,
+        opset=opset,
+        seconds=time.perf_counter() - t0,
+        external_data=out.with_name(data_name) if external else None,
+        timings=timings,
+    )
