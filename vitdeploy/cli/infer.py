@@ -1,0 +1,90 @@
+"""`vitdeploy infer`: classify image files and folders with any artifact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from vitdeploy.cli.app import app, console, err_console, handle_errors
+from vitdeploy.errors import EXIT_PARTIAL
+
+
+@app.command()
+@handle_errors
+def infer(
+    images: list[Path] = typer.Argument(..., help="Image files and folders (recursive; .jpg .jpeg .png .bmp .gif .tif .tiff .webp, any case; other and hidden files are ignored)."),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help="Checkpoint, ONNX model or engine. Default: the newest usable one here (engine where TensorRT and a GPU are, else model.int8.onnx, model.onnx, model.fp16.onnx, else ckpt.pth)."),
+    backend: str = typer.Option("auto", help="auto (the artifact's own), torch, onnxruntime or tensorrt."),
+    batch_size: int = typer.Option(8, "--batch-size", "-b", help="Images per model call."),
+    top_k: int = typer.Option(5, "--top-k", "-k", help="Classes to report per image (clamped to the number of classes)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the results to FILE.csv or FILE.json instead of a table."),
+    threads: Optional[int] = typer.Option(None, help="Inference threads (default: one per core)."),
+    workers: Optional[int] = typer.Option(None, help="Reader threads decoding images ahead of the model (default: cores, at most 4)."),
+) -> None:
+    """Classify images: top-k labels and scores per image; unreadable files are named and skipped (exit 3)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from vitdeploy.infer import gather_images, open_model, write_predictions
+    from vitdeploy.infer import infer as run_infer
+
+    if out is not None and out.suffix.lower() not in (".csv", ".json"):
+        from vitdeploy.errors import UsageError
+
+        raise UsageError(f"-o {out}: the results file must end in .csv or .json")
+    paths = gather_images(images)
+    runner, notes = open_model(model, backend, threads)
+    for n in notes:
+        err_console.print(n, highlight=False)
+    try:
+        with Progress(
+            TextColumn("[bold]infer"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(), console=err_console, transient=True,
+        ) as prog:
+            task = prog.add_task("infer", total=len(paths), info="")
+            t0 = [0.0]
+
+            def on_progress(done: int, skipped: int, total: int) -> None:
+                import time
+
+                now = time.perf_counter()
+                if not t0[0]:
+                    t0[0] = now
+                rate = done / (now - t0[0]) if now > t0[0] else 0.0
+                prog.update(task, completed=done + skipped,
+                            info=f"{rate:.1f} images/s" + (f"  {skipped} skipped" if skipped else ""))
+
+            result = run_infer(paths, batch_size=batch_size, top_k=top_k, workers=workers,
+                               progress=on_progress, runner=runner)
+    finally:
+        runner.close()
+    for n in result.notes:
+        err_console.print(f"note: {n}", highlight=False)
+    if out is not None:
+        write_predictions(result, out)
+        console.print(f"{len(result.predictions)} predictions → {out}", highlight=False)
+    else:
+        t = Table(show_edge=False)
+        t.add_column("path", overflow="fold")
+        t.add_column("label")
+        t.add_column("score", justify="right")
+        if result.top_k > 1:
+            t.add_column(f"next {result.top_k - 1}")
+        for pr in result.predictions:
+            cells = [str(pr.path), pr.label, f"{pr.score:.3f}"]
+            if result.top_k > 1:
+                cells.append("  ".join(f"{lab} {sc:.3f}" for lab, sc in zip(pr.labels[1:], pr.scores[1:], strict=True)))
+            t.add_row(*cells)
+        console.print(t)
+    for p, why in result.skipped:
+        err_console.print(f"skipped {p}: {why}", highlight=False)
+    err_console.print(
+        f"{len(result.predictions)} image(s) classified with {result.model} ({result.backend}, {result.precision}) "
+        f"at {result.images_per_second:.1f} images/s"
+        + (f"; {len(result.skipped)} unreadable file(s) skipped" if result.skipped else ""),
+        highlight=False,
+    )
+    if result.skipped:
+        raise typer.Exit(EXIT_PARTIAL)
