@@ -1,0 +1,86 @@
+"""`vitdeploy calibrate` (INT8 Q/DQ with the accuracy guard) and `vitdeploy convert-fp16`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from vitdeploy.cli.app import app, console, err_console, handle_errors
+
+
+@app.command()
+@handle_errors
+def calibrate(
+    model: Path = typer.Argument(Path("model.onnx"), help="FP32 ONNX model from `vitdeploy export`."),
+    images: Path = typer.Option(Path("calibration"), "--images", help="Folder of calibration images (any size; preprocessed as the model's manifest says)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="INT8 model to write (default: MODEL.int8.onnx beside MODEL)."),
+    num_images: int = typer.Option(512, help="Images sampled from --images (all when fewer; a warning below 100)."),
+    batch_size: int = typer.Option(32, help="Calibration batch size."),
+    method: str = typer.Option("percentile", help="Activation ranges: minmax, entropy or percentile (99.99%)."),
+    quantize_attention: bool = typer.Option(False, "--quantize-attention/--no-quantize-attention", help="Also quantize the two attention matmuls (Q·Kᵀ, P·V)."),
+    float_type: str = typer.Option("fp32", "--float", help="Type of everything left unquantized: fp32 (ONNX Runtime on a CPU) or fp16 (TensorRT)."),
+    seed: int = typer.Option(0, help="Seed of the image sample."),
+    max_drop: Optional[float] = typer.Option(None, "--max-drop", help="Top-1 drop budget in points against FP32 on --eval; sensitive layers are kept in float until it fits (exit 1 if it cannot)."),
+    eval_dir: Optional[Path] = typer.Option(None, "--eval", help="Labeled ImageFolder (or one with val/) to measure FP32 vs INT8 top-1 on."),
+) -> None:
+    """Quantize an ONNX model to INT8 (explicit Q/DQ, the form TensorRT 8.5–11 builds) from calibration images.
+
+    Q/DQ go on both inputs of every encoder linear layer and the patch embedding; LayerNorm, Softmax, GELU and the
+    residual stream stay in float. Ranges are cached beside the output (MODEL.int8.calib.json): a rerun reuses them.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from vitdeploy.precision import calibrate as run_calibrate
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                  TimeElapsedColumn(), console=err_console, transient=True) as prog:
+        task = prog.add_task("calibrate", total=None, info="")
+
+        def on_event(kind: str, d: dict) -> None:
+            if kind == "calibrate":
+                prog.update(task, description="calibrate", total=d["total"], completed=d["done"], info="images")
+            elif kind == "evaluate":
+                prog.update(task, description="evaluate", total=None, info=f"FP32 vs INT8 on {eval_dir}")
+            elif kind in ("sensitivity", "exclude"):
+                prog.update(task, description=kind, total=d["total"], completed=d["done"], info=d["layer"])
+
+        result = run_calibrate(
+            model, images, out, num_images=num_images, batch_size=batch_size, method=method,
+            quantize_attention=quantize_attention, float_type=float_type, seed=seed, max_drop=max_drop,
+            eval_dir=eval_dir, progress=on_event,
+        )
+    for path, why in result.skipped:
+        err_console.print(f"skipped {path}: {why}", highlight=False)
+    for w in result.warnings:
+        err_console.print(f"[yellow]warning:[/] {w}", highlight=False)
+    q = result.manifest.extra["quantization"]
+    ranges = f"ranges reused from {result.cache.name}" if result.cache_reused else f"ranges cached in {result.cache.name}"
+    console.print(
+        f"INT8 ({q['method']}, {result.images} images, {len(result.quantized)} layers quantized, "
+        f"unquantized parts {q['float_type']}; {ranges}) → {result.path}",
+        highlight=False,
+    )
+    if result.excluded:
+        console.print(f"kept in float by the guard ({len(result.excluded)}): {', '.join(result.excluded)}", highlight=False)
+    if result.figures:
+        f = result.figures
+        console.print(
+            f"on {f['images']} labeled images: FP32 top-1 {f['fp32_top1']:.2%}, INT8 top-1 {f['int8_top1']:.2%} "
+            f"(drop {f['drop_points']:.2f} points), agreement {f['agreement']:.2%}",
+            highlight=False,
+        )
+
+
+@app.command("convert-fp16")
+@handle_errors
+def convert_fp16(
+    model: Path = typer.Argument(Path("model.onnx"), help="FP32 ONNX model from `vitdeploy export`."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="FP16 model to write (default: MODEL.fp16.onnx beside MODEL)."),
+) -> None:
+    """Convert an ONNX model to FP16: float16 inside, float32 input/output, LayerNorm/Softmax/reductions in float32."""
+    from vitdeploy.precision import convert_fp16 as run_convert
+
+    dest = run_convert(model, out)
+    console.print(f"FP16 (LayerNorm, Softmax and reductions kept in float32) → {dest}", highlight=False)

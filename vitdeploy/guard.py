@@ -1,0 +1,177 @@
+"""The accuracy guard: top-1 of the INT8 graph against the FP32 one on labeled images, and the layers to keep in float.
+
+When the drop exceeds the budget, every quantized layer is scored alone
+(only that layer quantized: how far its logits move from FP32's), and the
+worst are put back in float one at a time, re-measuring top-1 after each,
+until the drop fits or nothing is left to exclude. Everything runs in ONNX
+Runtime on the CPU, before any GPU is involved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vitdeploy.errors import VitdeployError
+from vitdeploy.manifest import Manifest
+
+SENSITIVITY_IMAGES = 256
+
+
+@dataclass
+class EvalSet:
+    """Labeled images, preprocessed once (float32 NCHW) and labels as model class indices."""
+
+    x: np.ndarray
+    y: np.ndarray
+    root: Path
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def load_eval_set(root: str | Path, manifest: Manifest, batch_size: int = 64) -> EvalSet:
+    """An ImageFolder (or its val/ split) whose class folders are named as the model's labels."""
+    from vitdeploy.data import scan_image_folder
+    from vitdeploy.images import iter_batches
+
+    r = Path(root)
+    if not r.is_dir():
+        raise VitdeployError(f"{r}: no such folder of labeled images: pass an ImageFolder (one sub-folder per class)")
+    if (r / "val").is_dir() and (r / "train").is_dir():
+        r = r / "val"
+    classes, items = scan_image_folder(r)
+    if not items:
+        raise VitdeployError(f"{r} holds no images in class sub-folders: expected {r}/<class>/<image files>")
+    labels = list(manifest.labels)
+    unknown = [c for c in classes if c not in labels]
+    if unknown:
+        raise VitdeployError(
+            f"{r}: class folder(s) {', '.join(unknown[:5])} are not labels of the model ({', '.join(labels[:10])}"
+            f"{', …' if len(labels) > 10 else ''}): name the folders as the model's labels"
+        )
+    idx = [labels.index(classes[ci]) for _, ci in items]
+    xs: list[np.ndarray] = []
+    ys: list[int] = []
+    skipped: list[tuple[str, str]] = []
+    for b in iter_batches([p for p, _ in items], manifest.pp(), batch_size, labels=idx):
+        skipped += [(str(p), why) for p, why in b.skipped]
+        if len(b.paths):
+            xs.append(b.array)
+            ys += list(b.labels or [])
+    if not xs:
+        raise VitdeployError(f"{r}: none of its images could be read")
+    return EvalSet(np.concatenate(xs).astype(np.float32), np.asarray(ys, np.int64), r, skipped)
+
+
+def session(model: Any, threads: int | None = None) -> Any:
+    """An ONNX Runtime CPU session for a ModelProto or a path."""
+    import onnxruntime as ort
+
+    from vitdeploy.runners.onnxruntime import session_options
+
+    src = model if isinstance(model, (str, Path)) else model.SerializeToString()
+    return ort.InferenceSession(str(src) if isinstance(src, Path) else src, session_options(threads), providers=["CPUExecutionProvider"])
+
+
+def logits(model: Any, x: np.ndarray, batch_size: int = 64) -> np.ndarray:
+    s = session(model)
+    name = s.get_inputs()[0].name
+    out = [s.run(None, {name: x[i : i + batch_size]})[0] for i in range(0, len(x), batch_size)]
+    return np.concatenate(out).astype(np.float32)
+
+
+@dataclass
+class Figures:
+    images: int
+    fp32_top1: float
+    int8_top1: float
+    agreement: float
+    max_abs_logit_diff: float
+
+    @property
+    def drop_points(self) -> float:
+        return round(100.0 * (self.fp32_top1 - self.int8_top1), 4)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "images": self.images,
+            "fp32_top1": round(self.fp32_top1, 6),
+            "int8_top1": round(self.int8_top1, 6),
+            "drop_points": self.drop_points,
+            "agreement": round(self.agreement, 6),
+            "max_abs_logit_diff": round(self.max_abs_logit_diff, 6),
+        }
+
+
+def figures(ref: np.ndarray, q: np.ndarray, y: np.ndarray) -> Figures:
+    return Figures(
+        images=len(y),
+        fp32_top1=float((ref.argmax(1) == y).mean()),
+        int8_top1=float((q.argmax(1) == y).mean()),
+        agreement=float((ref.argmax(1) == q.argmax(1)).mean()),
+        max_abs_logit_diff=float(np.abs(ref - q).max()),
+    )
+
+
+@dataclass
+class GuardResult:
+    excluded: list[str]
+    before: Figures
+    after: Figures
+    max_drop: float | None
+    sensitivity: dict[str, float]
+    met: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_drop_points": self.max_drop,
+            "met": self.met,
+            "excluded": self.excluded,
+            "before": self.before.to_dict(),
+            "after": self.after.to_dict(),
+            "sensitivity": {k: round(v, 8) for k, v in self.sensitivity.items()},
+        }
+
+
+def guard(
+    build: Callable[[list[str]], Any],
+    layers: list[str],
+    ev: EvalSet,
+    fp32_logits: np.ndarray,
+    max_drop: float | None,
+    progress: Callable[[str, dict[str, Any]], None] | None = None,
+) -> tuple[Any, GuardResult]:
+    """Exclude the most sensitive layers until the top-1 drop is within ``max_drop`` points.
+
+    ``build(excluded)`` returns the INT8 ModelProto with those layers left in float.
+    Returns the final model and what was done; ``met`` is False when even
+    excluding every layer did not meet the budget.
+    """
+    model = build([])
+    first = figures(fp32_logits, logits(model, ev.x), ev.y)
+    if max_drop is None or first.drop_points <= max_drop:
+        return model, GuardResult([], first, first, max_drop, {}, max_drop is None or first.drop_points <= max_drop)
+    # per-layer sensitivity: only that layer quantized, mean squared logit error against FP32 on a subset
+    n = min(len(ev.x), SENSITIVITY_IMAGES)
+    xs, ref = ev.x[:n], fp32_logits[:n]
+    sens: dict[str, float] = {}
+    for i, name in enumerate(layers):
+        if progress:
+            progress("sensitivity", {"done": i, "total": len(layers), "layer": name})
+        only = build([other for other in layers if other != name])
+        sens[name] = float(np.mean((logits(only, xs) - ref) ** 2))
+    order = sorted(layers, key=lambda k: sens[k], reverse=True)
+    excluded: list[str] = []
+    last = first
+    for name in order:
+        excluded.append(name)
+        if progress:
+            progress("exclude", {"done": len(excluded), "total": len(order), "layer": name})
+        model = build(list(excluded))
+        last = figures(fp32_logits, logits(model, ev.x), ev.y)
+        if last.drop_points <= max_drop:
+            return model, GuardResult(excluded, first, last, max_drop, sens, True)
+    return model, GuardResult(excluded, first, last, max_drop, sens, False)
