@@ -178,7 +178,7 @@ def open_model(model: str | Path | None = None, backend: str = "auto", threads: 
     p = Path(model)
     if not p.exists():
         raise VitdeployError(f"--model {p}: no such file; pass the path of a checkpoint, ONNX model or engine")
-    if p.is_dir():
+    if p.is_dir() and not (p / "config.json").is_file():  # a Hugging Face save_pretrained folder is a checkpoint
         raise VitdeployError(f"--model {p} is a folder: pass the checkpoint, ONNX model or engine inside it")
     try:
         runner = open_runner(p, backend=backend, threads=threads)
