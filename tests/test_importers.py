@@ -474,3 +474,22 @@ def test_export_timm_state_dict_matches_the_reference(timm_file: Path, photo_fil
     runner = open_runner(out)
     logits = runner(np.stack([preprocess_file(f, runner.manifest.pp()) for f in files]))
     assert np.abs(logits - ref).max() <= 1e-4
+
+
+def test_cli_import_writes_a_plain_checkpoint(timm_file: Path, tmp_path: Path) -> None:
+    from vitdeploy.checkpoint import load_checkpoint
+    from vitdeploy.cli import app
+
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(f"n{i}" for i in range(7)))
+    out = tmp_path / "imported.pth"
+    r = CliRunner().invoke(app, ["import", str(timm_file), "--arch", "vit_tiny_patch16_224.augreg_in21k_ft_in1k",
+                                 "--labels", str(labels), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    ck = load_checkpoint(out)  # no --arch needed any more
+    assert ck.manifest.labels == [f"n{i}" for i in range(7)] and ck.manifest.name == "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+    assert ck.manifest.source["format"] == "timm" and len(ck.manifest.source["sha256"]) == 64
+    src = load_any(timm_file, arch="vit_tiny_patch16_224")
+    assert all(torch.equal(ck.state_dict[k], v) for k, v in src.state_dict.items())
+    r = CliRunner().invoke(app, ["import", str(timm_file), "-o", str(tmp_path / "no.pth")])
+    assert r.exit_code == 1 and "--arch" in r.output and not (tmp_path / "no.pth").exists()

@@ -515,3 +515,24 @@ def load_timm(path: str | Path, arch: str, labels: str | Path | None = None) -> 
     source = {"format": "timm", "path": str(p.resolve()), "arch": arch, "state_dict_key": key}
     name = spec.name + (f".{spec.tag}" if spec.tag else "")
     return Checkpoint(_manifest(cfg, names, dict(spec.preprocess), name, source), state)
+
+
+# --- conversion to a vitdeploy checkpoint ------------------------------------------------------------
+
+
+def import_checkpoint(
+    source: str | Path, out: str | Path = "ckpt.pth", arch: str | None = None, labels: str | Path | None = None
+) -> Path:
+    """Write any checkpoint load_any reads as a self-describing vitdeploy checkpoint.
+
+    After this, every command takes it without --arch/--labels (verify, infer, benchmark, explain …).
+    """
+    from vitdeploy.checkpoint import load_any, save_checkpoint
+    from vitdeploy.export import source_sha256
+
+    ck = load_any(source, arch=arch, labels=labels)
+    model = ck.build()
+    src = dict(ck.manifest.source)
+    src["sha256"] = source_sha256(source)
+    manifest = ck.manifest.derive(source=src)
+    return save_checkpoint(out, model, manifest)
