@@ -1,6 +1,7 @@
 """vitdeploy's command line: a thin layer over the library (one module per group of commands)."""
 
 from vitdeploy.cli import bench as _bench  # noqa: F401
+from vitdeploy.cli import bundle as _bundle  # noqa: F401
 from vitdeploy.cli import engine as _engine  # noqa: F401
 from vitdeploy.cli import export as _export  # noqa: F401
 from vitdeploy.cli import importers as _importers  # noqa: F401

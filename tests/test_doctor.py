@@ -1,0 +1,90 @@
+"""`vitdeploy doctor`: what this machine can do, said correctly here (no TensorRT, no GPU) and on a Jetson tree."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from vitdeploy.cli import app
+from vitdeploy.doctor import command_support, doctor, jetpack_for, parse_tegra_release, probe_dla, probe_jetson
+
+
+def test_doctor_here_says_tensorrt_and_gpu_are_missing() -> None:
+    rep = doctor()
+    assert rep.tensorrt["available"] is False and "TensorRT" in rep.tensorrt["why"]
+    assert rep.cuda["available"] is False and rep.cuda["gpus"] == []
+    assert rep.jetson["is_jetson"] is False and rep.dla["cores"] == 0
+    assert rep.onnxruntime["available"] and "CPUExecutionProvider" in rep.onnxruntime["providers"]
+    assert rep.packages["onnx"] and rep.packages["torch"] and rep.packages["tensorrt"] is None
+    works = {c["command"]: c for c in rep.commands}
+    assert works["build-engine"]["works"] == "partly" and "no TensorRT" in works["build-engine"]["why"]
+    assert works["infer / verify / benchmark"]["works"] == "partly"
+    assert works["bundle"]["works"] == "yes" and works["export"]["works"] == "yes"
+    assert works["train"]["works"] == "partly" and "CPU only" in works["train"]["why"]
+
+
+def test_cli_doctor_screen_and_json(tmp_path: Path) -> None:
+    r = CliRunner().invoke(app, ["doctor"], terminal_width=160)
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    trt = next(line for line in lines if "│ tensorrt " in line)
+    gpu = next(line for line in lines if "│ gpu " in line)
+    assert "missing" in trt and "missing" in gpu and "no CUDA driver" in gpu
+    assert "build-engine" in r.output and "partly" in r.output
+    r = CliRunner().invoke(app, ["doctor", "--json", "-"])
+    assert r.exit_code == 0
+    d = json.loads(r.output)
+    assert d["tensorrt"]["available"] is False and d["cuda"]["available"] is False
+    out = tmp_path / "doctor.json"
+    r = CliRunner().invoke(app, ["doctor", "--json", str(out)])
+    assert r.exit_code == 0 and json.loads(out.read_text())["python"]["version"] == sys.version.split()[0]
+
+
+def test_doctor_does_not_import_torch() -> None:
+    code = "import sys; from vitdeploy.doctor import doctor; doctor(); print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+def fake_jetson(root: Path, release: str, model: str, dla: int) -> Path:
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "nv_tegra_release").write_text(release)
+    (root / "proc" / "device-tree").mkdir(parents=True)
+    (root / "proc" / "device-tree" / "model").write_bytes(model.encode() + b"\0")
+    (root / "dev").mkdir()
+    for i in range(dla):
+        (root / "dev" / f"nvhost-nvdla{i}").write_text("")
+        (root / "dev" / f"nvhost-ctrl-nvdla{i}").write_text("")
+    return root
+
+
+def test_jetson_release_and_dla_from_a_jetson_tree(tmp_path: Path) -> None:
+    orin = fake_jetson(tmp_path / "orin", "# R35 (release), REVISION: 4.1, GCID: 33958178, BOARD: t186ref, EABI: aarch64, "
+                       "DATE: Tue Aug  1 19:57:35 UTC 2023\n", "NVIDIA Jetson AGX Orin Developer Kit", 2)
+    j = probe_jetson(orin)
+    assert j == {"is_jetson": True, "model": "NVIDIA Jetson AGX Orin Developer Kit", "l4t": "35.4.1",
+                 "jetpack": "5.1.2", "jetpack_tensorrt": "8.5.2"}
+    assert probe_dla(orin)["cores"] == 2
+    nano = fake_jetson(tmp_path / "nano", "# R36 (release), REVISION: 4.0, GCID: 37537400, BOARD: generic\n",
+                       "NVIDIA Jetson Orin Nano Developer Kit", 0)
+    j = probe_jetson(nano)
+    assert (j["l4t"], j["jetpack"], j["jetpack_tensorrt"]) == ("36.4.0", "6.1 / 6.2", "10.3")
+    assert probe_dla(nano)["cores"] == 0
+    assert jetpack_for("99.1.0") == (None, None)
+    assert parse_tegra_release("garbage") is None
+    assert probe_jetson(tmp_path / "nothing")["is_jetson"] is False
+
+
+def test_command_support_with_a_gpu_and_tensorrt() -> None:
+    pk = {"torch": "2.4", "onnx": "1.16"}
+    rows = {r["command"]: r["works"] for r in command_support(
+        pk, {"available": True}, {"available": True}, {"available": True})}
+    assert rows["build-engine"] == "yes" and rows["infer / verify / benchmark"] == "yes" and rows["train"] == "yes"
+    rows = {r["command"]: r["works"] for r in command_support(
+        {"onnx": "1.16"}, {"available": True}, {"available": True}, {"available": False})}
+    assert rows["train"] == "no" and rows["export"] == "no" and rows["build-engine"] == "partly"

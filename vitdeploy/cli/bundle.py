@@ -1,0 +1,111 @@
+"""`vitdeploy bundle`, `vitdeploy doctor`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from vitdeploy.cli.app import app, console, err_console, handle_errors
+
+
+@app.command()
+@handle_errors
+def bundle(
+    models: Optional[list[Path]] = typer.Argument(
+        None, help="ONNX artifacts (model.onnx, model.fp16.onnx, model.int8.onnx) or a checkpoint. Default: those in this folder."
+    ),
+    out: Path = typer.Option(Path("bundle"), "--out", "-o", help="Folder to write (replaced only with --force, and only when complete)."),
+    precision: Optional[str] = typer.Option(None, help="Precision the engine, run.py, Triton and DeepStream use (default: int8, else fp16, else fp32)."),
+    name: Optional[str] = typer.Option(None, help="Triton model name (default: the manifest's name)."),
+    min_batch: int = typer.Option(1, help="Engine profile: smallest batch."),
+    opt_batch: int = typer.Option(8, help="Engine profile: the batch TensorRT tunes for; DeepStream's batch-size."),
+    max_batch: int = typer.Option(32, help="Engine profile: largest batch; Triton's max_batch_size."),
+    check_images: Optional[list[Path]] = typer.Option(
+        None, help="Images (files or folders) for the reference logits run.py --check compares against. Default: calibration/."
+    ),
+    references: int = typer.Option(16, help="How many reference images to keep."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
+) -> None:
+    """Write a self-contained folder for a Jetson, Triton or DeepStream: ONNX + raw-pixel variants, labels, run.py, build_engine.sh."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from vitdeploy.bundle import PRECISIONS, BundleOptions
+    from vitdeploy.bundle import bundle as make_bundle
+    from vitdeploy.errors import UsageError
+
+    if precision is not None and precision not in PRECISIONS:
+        raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    opts = BundleOptions(
+        name=name, precision=precision, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
+        check_images=tuple(check_images or ()), references=references, force=force,
+    )
+    with Progress(SpinnerColumn(), TextColumn("[bold]bundle[/] {task.description}"), TimeElapsedColumn(),
+                  console=err_console, transient=True) as prog:
+        task = prog.add_task("starting", total=None)
+        result = make_bundle(models or [], out, opts, progress=lambda msg: prog.update(task, description=msg))
+    errs = ", ".join(f"{p} {e:.1e}" for p, e in result.embed_errors.items())
+    console.print(
+        f"wrote {result.out}/ ({len(result.files)} files): {', '.join(result.precisions)}; engine, run.py, Triton and "
+        f"DeepStream use {result.default_precision}", highlight=False,
+    )
+    console.print(f"raw-pixel variants agree with their sources (max |Δlogit| relative): {errs}", highlight=False)
+    console.print(f"reference images: {result.reference_source}", highlight=False)
+    console.print(f"on the device: cd {result.out} && ./build_engine.sh && python3 run.py --check", highlight=False)
+
+
+@app.command()
+@handle_errors
+def doctor(
+    json_out: Optional[str] = typer.Option(None, "--json", metavar="FILE", help="Also write the report as JSON to FILE ('-': stdout only)."),
+) -> None:
+    """What this machine can do: Python packages, ONNX Runtime providers, TensorRT, GPU, Jetson/JetPack, DLA, and which commands work."""
+    from rich.table import Table
+
+    from vitdeploy.doctor import doctor as run_doctor
+    from vitdeploy.fileio import write_text_atomic
+
+    rep = run_doctor()
+    d = rep.to_dict()
+    if json_out == "-":
+        typer.echo(json.dumps(d, indent=2))
+        return
+    if json_out:
+        write_text_atomic(json_out, json.dumps(d, indent=2) + "\n")
+
+    t = Table(title="this machine", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    py = rep.python
+    t.add_row("python", f"{py['version']} ({py['machine']}, {py['system']})")
+    t.add_row("packages", "  ".join(f"{k} {v}" for k, v in rep.packages.items() if v) or "—")
+    o = rep.onnxruntime
+    t.add_row("onnxruntime", f"{o['version']}: {', '.join(o['providers'])}" if o["available"] else f"[red]missing[/]: {o['why']}")
+    r = rep.tensorrt
+    trt = f"{r['version']}" if r["available"] else f"[red]missing[/]: {r['why']}"
+    trt += f"; trtexec {r['trtexec']}" if r.get("trtexec") else "; no trtexec"
+    t.add_row("tensorrt", trt)
+    c = rep.cuda
+    if c["available"]:
+        gpus = "; ".join(f"{g['name']} (compute {g['compute_capability']}, {g['memory_gib']} GiB)" for g in c["gpus"])
+        t.add_row("gpu", f"{gpus}; driver CUDA {c['driver_cuda_version']}" + (f", driver {c['driver_version']}" if c.get("driver_version") else ""))
+    else:
+        t.add_row("gpu", f"[red]missing[/]: {c['why']}")
+    j = rep.jetson
+    if j["is_jetson"]:
+        jp = f"JetPack {j['jetpack']} (TensorRT {j['jetpack_tensorrt']})" if j.get("jetpack") else "JetPack unknown for this L4T"
+        t.add_row("jetson", f"{j.get('model') or 'Jetson'}; L4T {j.get('l4t') or '?'}; {jp}")
+    else:
+        t.add_row("jetson", "no")
+    t.add_row("dla", f"{rep.dla['cores']} core(s)")
+    console.print(t, highlight=False)
+    ct = Table(title="vitdeploy commands here", title_justify="left")
+    ct.add_column("command")
+    ct.add_column("works")
+    ct.add_column("")
+    colour = {"yes": "green", "partly": "yellow", "no": "red"}
+    for row in rep.commands:
+        ct.add_row(row["command"], f"[{colour[row['works']]}]{row['works']}[/]", row["why"])
+    console.print(ct, highlight=False)
