@@ -455,6 +455,13 @@ def test_export_hf_folder_matches_transformers_and_carries_labels(hf_dir: Path, 
     assert ref_logits.std() > 0.1
     assert np.abs(logits - ref_logits).max() <= 1e-4
     assert (logits.argmax(1) == ref_logits.argmax(1)).all()
+    # verify and infer take the folder as the reference checkpoint
+    from vitdeploy.infer import open_model
+    from vitdeploy.verify import verify
+
+    report = verify(hf_dir, [out], real_images[0].parent)
+    assert report.passed and report.results[0].backend == "torch"
+    assert open_model(hf_dir)[0].manifest.labels == HF_LABELS
 
 
 def test_export_timm_state_dict_matches_the_reference(timm_file: Path, photo_files: list[Path], tmp_path: Path) -> None:
