@@ -500,3 +500,32 @@ def test_cli_import_writes_a_plain_checkpoint(timm_file: Path, tmp_path: Path) -
     assert all(torch.equal(ck.state_dict[k], v) for k, v in src.state_dict.items())
     r = CliRunner().invoke(app, ["import", str(timm_file), "-o", str(tmp_path / "no.pth")])
     assert r.exit_code == 1 and "--arch" in r.output and not (tmp_path / "no.pth").exists()
+
+
+def test_timm_hub_folder_takes_arch_preprocessing_and_labels_from_config(tmp_path: Path) -> None:
+    """A folder as timm's save_for_hf writes it: config.json with architecture/pretrained_cfg/label_names."""
+    from safetensors.torch import save_file
+
+    sd = timm_state_dict(n_cls=3, seed=7, **TINY)
+    d = tmp_path / "timm-hub"
+    d.mkdir()
+    save_file(sd, d / "model.safetensors")
+    cfg = {
+        "architecture": "vit_tiny_patch16_224", "num_classes": 3, "num_features": 192, "global_pool": "token",
+        "label_names": ["n01", "n02", "n03"],
+        "pretrained_cfg": {"tag": "augreg_in21k_ft_in1k", "custom_load": True, "input_size": [3, 224, 224],
+                           "fixed_input_size": True, "interpolation": "bilinear", "crop_pct": 0.95, "crop_mode": "center",
+                           "mean": [0.4, 0.5, 0.6], "std": [0.2, 0.3, 0.4], "num_classes": 3, "pool_size": None,
+                           "first_conv": "patch_embed.proj", "classifier": "head"},
+    }
+    (d / "config.json").write_text(json.dumps(cfg))
+    ck = load_any(d)
+    m = ck.manifest
+    assert m.labels == ["n01", "n02", "n03"] and m.model["embed_dim"] == 192 and m.source["format"] == "timm-hub"
+    pp = m.pp()
+    assert (pp.crop_pct, pp.interpolation, pp.mean, pp.std) == (0.95, "bilinear", (0.4, 0.5, 0.6), (0.2, 0.3, 0.4))
+    assert all(torch.equal(ck.state_dict[k], v) for k, v in sd.items())
+    cfg["model_args"] = {"reg_tokens": 4}
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(VitdeployError, match="model_args reg_tokens"):
+        load_any(d)

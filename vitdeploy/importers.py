@@ -309,6 +309,8 @@ def load_hf_folder(folder: str | Path, labels: str | Path | None = None) -> Chec
     except (OSError, json.JSONDecodeError) as e:
         raise VitdeployError(f"{d / HF_CONFIG}: cannot read it ({type(e).__name__})") from None
     mtype = cfg_json.get("model_type")
+    if mtype is None and isinstance(cfg_json.get("architecture"), str):
+        return load_timm_folder(d, cfg_json, labels)
     archs = ", ".join(cfg_json.get("architectures") or []) or "no architectures listed"
     if mtype != "vit":
         raise VitdeployError(
@@ -515,6 +517,68 @@ def load_timm(path: str | Path, arch: str, labels: str | Path | None = None) -> 
     source = {"format": "timm", "path": str(p.resolve()), "arch": arch, "state_dict_key": key}
     name = spec.name + (f".{spec.tag}" if spec.tag else "")
     return Checkpoint(_manifest(cfg, names, dict(spec.preprocess), name, source), state)
+
+
+def _timm_cfg_preprocess(pcfg: dict[str, Any], base: dict[str, Any], where: str) -> dict[str, Any]:
+    """A timm pretrained_cfg (input_size, interpolation, crop_pct, crop_mode, mean, std) over the name's defaults."""
+    pp = dict(base)
+    if "input_size" in pcfg:
+        _, h, w = (int(v) for v in pcfg["input_size"])
+        pp["input_size"] = [h, w]
+    if "interpolation" in pcfg:
+        pp["interpolation"] = str(pcfg["interpolation"])
+    if "crop_pct" in pcfg:
+        pp["crop_pct"] = float(pcfg["crop_pct"])
+    mode = pcfg.get("crop_mode", "center")
+    if mode not in ("center", "squash"):
+        raise VitdeployError(f"{where}: crop_mode {mode!r} has no vitdeploy equivalent (center or squash)")
+    pp["resize_mode"] = "shorter" if mode == "center" else "squash"
+    for k in ("mean", "std"):
+        if k in pcfg:
+            pp[k] = [float(v) for v in pcfg[k]]
+    return pp
+
+
+def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None, labels: str | Path | None = None) -> Checkpoint:
+    """A timm model folder as timm's ``save_for_hf``/``push_to_hub`` writes it (and the Hub serves it).
+
+    config.json holds ``architecture``, ``pretrained_cfg`` (preprocessing) and optionally
+    ``label_names`` and ``model_args``; the weights are model.safetensors or pytorch_model.bin
+    (timm/models/_hub.py: save_config_for_hf, _parse_model_cfg).
+    """
+    d = Path(folder)
+    if cfg_json is None:
+        cfg_json = json.loads((d / HF_CONFIG).read_text())
+    arch = str(cfg_json["architecture"])
+    pcfg = dict(cfg_json.get("pretrained_cfg") or {})
+    if "pretrained_cfg" not in cfg_json:  # timm's legacy single-dict config
+        pcfg = {k: v for k, v in cfg_json.items() if k != "architecture"}
+    tag = pcfg.get("tag")
+    model_args = dict(cfg_json.get("model_args") or {})
+    unknown = sorted(set(model_args) - {"img_size", "num_classes", "global_pool"})
+    if unknown:
+        raise VitdeployError(f"{d}: model_args {', '.join(unknown)} change the timm architecture in ways vitdeploy does not map")
+    weights = next((d / n for n in ("model.safetensors", "pytorch_model.bin") if (d / n).is_file()), None)
+    if weights is None:
+        raise VitdeployError(f"{d}: no model.safetensors or pytorch_model.bin beside config.json")
+    name = f"{arch}.{tag}" if tag and "." not in arch else arch
+    if "img_size" in model_args:
+        size = model_args["img_size"]
+        size = size if isinstance(size, int) else int(size[0])
+        name = re.sub(r"_(\d+)$", f"_{size}", arch)
+    ck = load_timm(weights, name, labels)
+    m = ck.manifest
+    m.preprocess = _timm_cfg_preprocess(pcfg, m.preprocess, str(d / HF_CONFIG))
+    if tuple(m.preprocess["input_size"]) != tuple(m.model["image_size"]):
+        raise VitdeployError(f"{d}: pretrained_cfg input_size {m.preprocess['input_size']} differs from the model's {m.model['image_size']}")
+    names = cfg_json.get("label_names", pcfg.get("label_names"))
+    if labels is None and names:
+        if isinstance(names, dict):
+            names = [names[k] for k in sorted(names, key=int)]
+        if len(names) == m.num_classes:
+            m.labels = [str(n) for n in names]
+    m.source = {**m.source, "format": "timm-hub", "path": str(d.resolve()), "weights": weights.name}
+    return ck
 
 
 # --- conversion to a vitdeploy checkpoint ------------------------------------------------------------
