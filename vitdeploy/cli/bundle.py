@@ -49,11 +49,11 @@ def bundle(
     errs = ", ".join(f"{p} {e:.1e}" for p, e in result.embed_errors.items())
     console.print(
         f"wrote {result.out}/ ({len(result.files)} files): {', '.join(result.precisions)}; engine, run.py, Triton and "
-        f"DeepStream use {result.default_precision}", highlight=False,
+        f"DeepStream use {result.default_precision}", highlight=False, soft_wrap=True,
     )
-    console.print(f"raw-pixel variants agree with their sources (max |Δlogit| relative): {errs}", highlight=False)
-    console.print(f"reference images: {result.reference_source}", highlight=False)
-    console.print(f"on the device: cd {result.out} && ./build_engine.sh && python3 run.py --check", highlight=False)
+    console.print(f"raw-pixel variants agree with their sources (max |Δlogit| relative): {errs}", highlight=False, soft_wrap=True)
+    console.print(f"reference images: {result.reference_source}", highlight=False, soft_wrap=True)
+    console.print(f"on the device: cd {result.out} && ./build_engine.sh && python3 run.py --check", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -100,7 +100,7 @@ def doctor(
     else:
         t.add_row("jetson", "no")
     t.add_row("dla", f"{rep.dla['cores']} core(s)")
-    console.print(t, highlight=False)
+    console.print(t, highlight=False, soft_wrap=True)
     ct = Table(title="vitdeploy commands here", title_justify="left")
     ct.add_column("command")
     ct.add_column("works")
@@ -108,4 +108,4 @@ def doctor(
     colour = {"yes": "green", "partly": "yellow", "no": "red"}
     for row in rep.commands:
         ct.add_row(row["command"], f"[{colour[row['works']]}]{row['works']}[/]", row["why"])
-    console.print(ct, highlight=False)
+    console.print(ct, highlight=False, soft_wrap=True)
