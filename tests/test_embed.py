@@ -188,3 +188,19 @@ def test_input_shape_must_match_manifest(digits_onnx: Path) -> None:
     m = onnx.load(str(digits_onnx))
     with pytest.raises(VitdeployError, match=r"expected \[batch, 3, 48, 48\]"):
         embed_model(m, Preprocess(input_size=(48, 48)))
+
+
+def test_cli_export_embed_preprocess(digits_ckpt: Path, digits_folder: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from vitdeploy.cli import app
+
+    out = tmp_path / "model.onnx"
+    r = CliRunner().invoke(app, ["export", str(digits_ckpt), "-o", str(out), "--no-check", "--embed-preprocess"])
+    assert r.exit_code == 0, r.output
+    raw = tmp_path / "model.raw.onnx"
+    assert raw.is_file() and "model.raw.onnx" in r.output
+    assert read_onnx_manifest(out).extra["raw_variant"] == "model.raw.onnx"  # the export names its variant
+    man = read_onnx_manifest(raw)
+    assert man.source["sha256"] == sha256_file(out) and "raw_variant" not in man.extra
+    assert compare_on_files(out, raw, list_images(digits_folder / "val")[:40]) <= 1e-4

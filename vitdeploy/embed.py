@@ -189,10 +189,30 @@ def embed_preprocess(
         input=spec.to_dict(),
         output={"name": new.graph.output[0].name, "kind": "probs" if softmax else "logits"},
     )
+    derived.extra.pop("raw_variant", None)
     set_onnx_manifest(new, derived)
     with atomic_path(dest) as tmp:
         onnx.save(new, str(tmp))
     return dest
+
+
+def record_raw_variant(onnx_path: str | Path, variant: str | Path) -> None:
+    """Name the raw-pixel variant in the source model's manifest (``raw_variant``), so tools can find it.
+
+    Only the metadata changes; the model is rewritten atomically. Models with external
+    data (over 2 GB) are left as they are.
+    """
+    import onnx
+
+    from vitdeploy.manifest import read_onnx_manifest, set_onnx_manifest
+
+    src = Path(onnx_path)
+    model = onnx.load(str(src), load_external_data=False)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        return
+    set_onnx_manifest(model, read_onnx_manifest(src).derive(raw_variant=Path(variant).name))
+    with atomic_path(src) as tmp:
+        onnx.save(model, str(tmp))
 
 
 def raw_batch(images: list[np.ndarray] | np.ndarray, spec: dict[str, Any]) -> np.ndarray:

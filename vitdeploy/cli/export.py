@@ -30,6 +30,8 @@ def export(
     arch: Optional[str] = typer.Option(None, help="Architecture of a foreign state dict (a timm name such as vit_base_patch16_224)."),
     labels: Optional[Path] = typer.Option(None, help="File of class names, one per line, replacing the checkpoint's."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print node counts by op type and the time of each step."),
+    embed_preprocess: bool = typer.Option(False, "--embed-preprocess", help="Also write MODEL.raw.onnx: uint8 RGB [batch, H, W, 3] "
+                                          "in, scaling/mean/std/layout inside the graph (for DeepStream, C++, cameras)."),
 ) -> None:
     """Export a checkpoint to ONNX: input pixel_values [batch, 3, H, W], output logits [batch, classes], manifest inside."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -64,3 +66,10 @@ def export(
         err_console.print("parity check skipped (--no-check)")
     extra = f" + {result.external_data.name}" if result.external_data else ""
     console.print(f"wrote {result.path}{extra} (opset {result.opset}, dynamic batch) in {result.seconds:.1f} s", highlight=False)
+    if embed_preprocess:
+        from vitdeploy.embed import embed_preprocess as embed
+        from vitdeploy.embed import raw_variant_name, record_raw_variant
+
+        record_raw_variant(result.path, raw_variant_name(result.path.name))
+        raw = embed(result.path)
+        console.print(f"wrote {raw} (uint8 RGB [batch, H, W, 3] in, preprocessing in the graph)", highlight=False)
