@@ -50,11 +50,22 @@ def make_int8(src: Path, out: Path, images: list[Path]) -> Path:
     return out
 
 
+def make_fp16(src: Path, out: Path) -> Path:
+    """An FP16 artifact (float16 tensors, float16 input and output) made with ONNX Runtime's converter."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    m = convert_float_to_float16(onnx.load(str(src)), keep_io_types=False)
+    set_onnx_manifest(m, read_onnx_manifest(src).derive(precision="fp16"))
+    onnx.save(m, str(out))
+    return out
+
+
 @pytest.fixture(scope="module")
 def artifacts(digits_ckpt: Path, digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("artifacts")
     export_onnx_for_tests(digits_ckpt, d / "model.onnx")
     make_int8(d / "model.onnx", d / "model.int8.onnx", list_images(digits_folder / "train")[::15])
+    make_fp16(d / "model.onnx", d / "model.fp16.onnx")
     return d
 
 
@@ -62,9 +73,9 @@ def artifacts(digits_ckpt: Path, digits_folder: Path, tmp_path_factory: pytest.T
 def bundle_dir(artifacts: Path, digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("b") / "bundle"
     opts = BundleOptions(opt_batch=4, max_batch=16, check_images=[digits_folder / "val"], references=12)
-    res = bundle([artifacts / "model.onnx", artifacts / "model.int8.onnx"], out, opts)
-    assert res.out == out and res.precisions == ["fp32", "int8"] and res.default_precision == "int8"
-    assert max(res.embed_errors.values()) <= 1e-4
+    res = bundle([artifacts / "model.int8.onnx", artifacts / "model.onnx", artifacts / "model.fp16.onnx"], out, opts)
+    assert res.out == out and res.precisions == ["fp32", "fp16", "int8"] and res.default_precision == "int8"
+    assert res.embed_errors["fp32"] <= 1e-4 and res.embed_errors["int8"] <= 1e-4 and res.embed_errors["fp16"] <= 2e-3
     return out
 
 
@@ -73,7 +84,7 @@ def test_bundle_contents_and_manifest(bundle_dir: Path, artifacts: Path) -> None
               "run.py", "build_engine.sh", "README.md", "reference/inputs.npy", "reference/logits.fp32.npy",
               "reference/logits.int8.npy", "deepstream/config_infer_primary.txt", "deepstream/model.ds.onnx"):
         assert (bundle_dir / f).is_file(), f
-    assert not (bundle_dir / "model.fp16.onnx").exists()
+    assert (bundle_dir / "model.fp16.raw.onnx").is_file() and (bundle_dir / "reference/logits.fp16.npy").is_file()
     assert (bundle_dir / "build_engine.sh").stat().st_mode & stat.S_IXUSR
     m = json.loads((bundle_dir / "manifest.json").read_text())
     labels = read_onnx_manifest(artifacts / "model.onnx").labels
@@ -182,13 +193,14 @@ def test_run_py_text_output_and_unreadable_file(bundle_dir: Path, digits_folder:
     assert len(lines) == 3 and all(len(line.split("\t")) == 5 for line in lines)
 
 
-@pytest.mark.parametrize("model", [None, "model.onnx", "deepstream/model.ds.onnx"])
+@pytest.mark.parametrize("model", [None, "model.onnx", "model.fp16.raw.onnx", "deepstream/model.ds.onnx"])
 def test_run_py_check_passes_and_fails_when_logits_differ(bundle_dir: Path, tmp_path: Path, model: str | None) -> None:
     args = ["--check", "--json"] + (["--model", model] if model else [])
     r = run_py(bundle_dir, *args, tmp=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(r.stdout)
-    assert res["ok"] and res["backend"] == "onnxruntime" and res["top1_agreement"] == 1.0 and res["max_rel_diff"] < 1e-4
+    assert res["ok"] and res["backend"] == "onnxruntime" and res["top1_agreement"] == 1.0
+    assert res["max_rel_diff"] < (2e-3 if res["precision"] == "fp16" else 1e-4)
     # a bundle whose reference logits disagree with the model fails the check
     bad = tmp_path / "bad"
     shutil.copytree(bundle_dir, bad)
@@ -272,7 +284,10 @@ def test_build_engine_sh_options_with_mock_trtexec(bundle_dir: Path, tmp_path: P
     r = build(b, tmp_path / "bin", "--deepstream", "--dry-run")
     assert r.returncode == 0 and "--onnx=deepstream/model.ds.onnx" in r.stdout and "images:4x3x32x32" in r.stdout
     assert not (b / "deepstream" / "model.ds.engine").exists()
-    for bad in (["--precision", "fp16"], ["--batch", "8:4:2"], ["--bogus"], ["--triton", "--normalized"]):
+    r = build(b, tmp_path / "bin", "--precision", "fp16")
+    assert r.returncode == 0 and "--onnx=model.fp16.raw.onnx" in log.read_text().splitlines()
+    assert "--stronglyTyped" in log.read_text().splitlines() and "--model model.fp16.raw.onnx" in r.stdout
+    for bad in (["--precision", "bf16"], ["--batch", "8:4:2"], ["--bogus"], ["--triton", "--normalized"], ["--deepstream", "--precision", "fp32"]):
         r = build(b, tmp_path / "bin", *bad)
         assert r.returncode == 1 and "build_engine.sh:" in r.stderr, bad
 
@@ -339,6 +354,13 @@ def test_refuses_to_clobber_and_leaves_nothing_on_failure(bundle_dir: Path, arti
         bundle([artifacts / "model.int8.onnx", bundle_dir / "model.int8.onnx"], out)
     with pytest.raises(UsageError, match="no fp16"):
         bundle([artifacts / "model.onnx"], out, BundleOptions(precision="fp16"))
+
+
+def test_bundle_from_a_checkpoint_exports_it(digits_ckpt: Path, tmp_path: Path) -> None:
+    res = bundle([digits_ckpt], tmp_path / "b", BundleOptions(references=2, max_batch=4, opt_batch=2))
+    assert res.exported and res.precisions == ["fp32"]
+    assert read_onnx_manifest(tmp_path / "b" / "model.onnx").labels == [str(i) for i in range(10)]
+    assert not (tmp_path / "b" / ".work").exists()
 
 
 def test_models_of_different_networks_are_refused(artifacts: Path, tmp_path: Path) -> None:
