@@ -77,10 +77,15 @@ def torch_load(p: Path) -> Any:
     """torch.load(weights_only=True); timm's training checkpoints also hold argparse.Namespace ``args``, allowed here."""
     import argparse
 
+    if p.suffix == ".npz":
+        raise VitdeployError(f"{p}: JAX/NumPy .npz weights; load them in timm (which converts them) and save model.state_dict()")
     if not zipfile.is_zipfile(p):
         raise VitdeployError(f"{p}: not a PyTorch zip file or a safetensors file (truncated or another format)")
+    allow = getattr(torch.serialization, "safe_globals", None)  # torch >= 2.5
     try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
+        if allow is None:
+            return torch.load(p, map_location="cpu", weights_only=True)
+        with allow([argparse.Namespace]):
             return torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -210,7 +215,8 @@ def _hf_preprocess(folder: Path, image_size: tuple[int, int]) -> dict[str, Any]:
     if isinstance(size, int):
         size = {"height": size, "width": size}
     resample = pc.get("resample", 2)
-    interp = PIL_RESAMPLE.get(int(resample)) if isinstance(resample, int) else str(resample).lower()
+    # an int (PIL's enum value) as transformers writes it; tolerate a name such as "PILImageResampling.BICUBIC"
+    interp = PIL_RESAMPLE.get(int(resample)) if isinstance(resample, int) else str(resample).rsplit(".", 1)[-1].lower()
     if interp not in PIL_RESAMPLE.values():
         raise VitdeployError(f"{f}: unknown resample {resample!r}")
     crop = pc.get("crop_size") if pc.get("do_center_crop") else None
