@@ -275,19 +275,27 @@ def test_build_engine_sh_options_with_mock_trtexec(bundle_dir: Path, tmp_path: P
     b = tmp_path / "bundle"
     shutil.copytree(bundle_dir, b)
     log = fake_tool(tmp_path / "bin", "trtexec", "v100300")
-    r = build(b, tmp_path / "bin", "--precision", "fp32", "--normalized", "--batch", "2:4:8", "--dla", "1")
+    r = build(b, tmp_path / "bin", "--precision", "fp32", "--normalized", "--batch", "2:4:8")
     assert r.returncode == 0, r.stderr
     args = log.read_text().splitlines()
-    assert "--onnx=model.onnx" in args and "--useDLACore=1" in args and "--allowGPUFallback" in args
+    assert "--onnx=model.onnx" in args and "--minShapes=pixel_values:2x3x32x32" in args
+    assert "--maxShapes=pixel_values:8x3x32x32" in args and (b / "model.engine").exists()
+    assert not {"--stronglyTyped", "--fp16", "--int8", "--useDLACore=1"} & set(args)
+    r = build(b, tmp_path / "bin", "--normalized", "--dla", "1")
+    assert r.returncode == 0, r.stderr
+    args = log.read_text().splitlines()
+    assert "--onnx=model.int8.onnx" in args and "--useDLACore=1" in args and "--allowGPUFallback" in args
     assert "--minShapes=pixel_values:4x3x32x32" in args and "--maxShapes=pixel_values:4x3x32x32" in args  # DLA: static
-    assert "--stronglyTyped" not in args and (b / "model.engine").exists()
+    assert "--int8" in args and "--fp16" in args and "--stronglyTyped" not in args  # DLA: weakly typed on 10
+    assert (b / "model.int8.engine").exists()
     r = build(b, tmp_path / "bin", "--deepstream", "--dry-run")
     assert r.returncode == 0 and "--onnx=deepstream/model.ds.onnx" in r.stdout and "images:4x3x32x32" in r.stdout
     assert not (b / "deepstream" / "model.ds.engine").exists()
     r = build(b, tmp_path / "bin", "--precision", "fp16")
     assert r.returncode == 0 and "--onnx=model.fp16.raw.onnx" in log.read_text().splitlines()
     assert "--stronglyTyped" in log.read_text().splitlines() and "--model model.fp16.raw.onnx" in r.stdout
-    for bad in (["--precision", "bf16"], ["--batch", "8:4:2"], ["--bogus"], ["--triton", "--normalized"], ["--deepstream", "--precision", "fp32"]):
+    for bad in (["--precision", "bf16"], ["--batch", "8:4:2"], ["--bogus"], ["--triton", "--normalized"], ["--deepstream", "--precision", "fp32"],
+                ["--precision", "fp32", "--dla", "0"]):
         r = build(b, tmp_path / "bin", *bad)
         assert r.returncode == 1 and "build_engine.sh:" in r.stderr, bad
 

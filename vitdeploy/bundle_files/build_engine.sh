@@ -74,7 +74,10 @@ if [ "$TRITON" = 1 ] && [ "$ONNX" != "$TRITON_SOURCE" ]; then
   die "Triton serves $TRITON_SOURCE; build it with: ./build_engine.sh --triton (without --precision/--normalized/--deepstream)"
 fi
 [ -f "$ONNX" ] || die "$ONNX is missing from this bundle"
-if [ -n "$DLA" ]; then MIN=$OPT; MAX=$OPT; fi   # DLA takes no dynamic shapes
+if [ -n "$DLA" ]; then   # DLA takes no dynamic shapes and runs FP16 or INT8 only
+  [ "$PRECISION" != fp32 ] || die "DLA runs FP16 or INT8: pass --precision fp16 or int8 (this bundle has: $AVAILABLE)"
+  MIN=$OPT; MAX=$OPT
+fi
 
 if [ "$USE_TRTEXEC" = 0 ] && command -v vitdeploy >/dev/null 2>&1; then
   # vitdeploy writes the engine atomically, with its .json sidecar (TensorRT version, GPU) beside it
@@ -100,8 +103,9 @@ else
   CMD=("$TRTEXEC" --onnx="$ONNX" --saveEngine="$TMP" --skipInference --timingCacheFile=timing.cache
        --minShapes="$INPUT:${MIN}x$SHAPE" --optShapes="$INPUT:${OPT}x$SHAPE" --maxShapes="$INPUT:${MAX}x$SHAPE")
   # precision lives in the ONNX graph: TensorRT 8 needs the builder flags to honour it, 9/10 build it
-  # strongly typed, 11 builds every network strongly typed (and has no precision flags)
-  if [ "$TRT_MAJOR" -le 8 ]; then
+  # strongly typed, 11 builds every network strongly typed (and has no precision flags). DLA on 8-10 is
+  # built weakly typed with the flags, as NVIDIA documents for DLA.
+  if [ "$TRT_MAJOR" -le 8 ] || { [ -n "$DLA" ] && [ "$TRT_MAJOR" -le 10 ]; }; then
     case "$PRECISION" in fp16) CMD+=(--fp16) ;; int8) CMD+=(--int8 --fp16) ;; esac
   elif [ "$TRT_MAJOR" -le 10 ]; then
     case "$PRECISION" in fp16|int8) CMD+=(--stronglyTyped) ;; esac
