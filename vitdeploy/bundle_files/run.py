@@ -106,10 +106,10 @@ def model_input(images: np.ndarray, spec: dict, pp: dict) -> np.ndarray:
     if spec.get("preprocess_in_graph"):
         x = images.transpose(0, 3, 1, 2) if spec.get("layout") == "NCHW" else images
         return np.ascontiguousarray(x, dtype=np.uint8 if spec.get("dtype") == "uint8" else np.float32)
-    a = images.astype(np.float32)
+    a: np.ndarray = images.astype(np.float32)
     if pp.get("channel_order", "RGB") == "BGR":
         a = a[..., ::-1]
-    a = a * np.float32(pp.get("rescale", 1.0 / 255.0))
+    a = a * np.float32(float(pp.get("rescale", 1.0 / 255.0)))
     a = (a - np.asarray(pp["mean"], np.float32)) / np.asarray(pp["std"], np.float32)
     a = np.ascontiguousarray(a.transpose(0, 3, 1, 2))
     return a.astype(np.float16) if spec.get("dtype") == "float16" else a
