@@ -529,3 +529,21 @@ def test_timm_hub_folder_takes_arch_preprocessing_and_labels_from_config(tmp_pat
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(VitdeployError, match="model_args reg_tokens"):
         load_any(d)
+
+
+@pytest.mark.parametrize(
+    "obj,expect",
+    [
+        ({"class_token": torch.zeros(1, 1, 8), "conv_proj.weight": torch.zeros(8, 3, 16, 16),
+          "encoder.layers.encoder_layer_0.ln_1.weight": torch.zeros(8)}, "a torchvision ViT"),
+        ({"stages.0.blocks.0.conv_dw.weight": torch.zeros(1)}, "a ConvNeXt state dict"),
+        ({"vit.embeddings.patch_embeddings.projection.weight": torch.zeros(1)}, "save_pretrained folder"),
+        ({"optimizer": {"state": {}, "param_groups": []}, "epoch": 3}, "optimizer state without model weights"),
+        (torch.zeros(3), "a single tensor"),
+    ],
+)
+def test_foreign_files_say_what_they_are(obj: object, expect: str, tmp_path: Path) -> None:
+    p = tmp_path / "x.pth"
+    torch.save(obj, p)
+    with pytest.raises(VitdeployError, match=expect):
+        load_any(p)
