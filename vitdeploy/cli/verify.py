@@ -27,8 +27,10 @@ def verify(
     backend: str = typer.Option("auto", help="auto (each artifact's own), or a backend for the candidates that can run on it."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write {\"results\": [...]} (reference first) to FILE."),
     threads: Optional[int] = typer.Option(None, help="Inference threads (default: one per core)."),
+    report_dir: Optional[Path] = typer.Option(None, "--report", help="Also write an HTML report with plots (index.html + PNGs) into DIR."),
 ) -> None:
     """Compare artifacts on the same images: accuracy, top-1 agreement, |Δlogit|, cosine; exit 1 outside tolerance."""
+    from rich import box
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
@@ -56,20 +58,27 @@ def verify(
         err_console.print(f"note: {n}", highlight=False)
     labeled = report.labels is not None
     top5 = labeled and len(report.class_labels) >= 5
-    t = Table(title=f"verify on {len(report.paths)} images from {report.images}", show_edge=False)
-    cols = ["artifact", "backend", "precision"] + (["top-1"] if labeled else []) + (["top-5"] if top5 else [])
-    cols += ["agreement", "max |Δlogit|", "mean |Δlogit|", "cosine", "result"]
-    for c in cols:
-        t.add_column(c, justify="left" if c in ("artifact", "backend", "precision", "result") else "right")
+    t = Table(title=f"verify on {len(report.paths)} images from {report.images}", box=box.SIMPLE_HEAD,
+              show_edge=False, pad_edge=False, collapse_padding=True)
+    t.add_column("artifact", overflow="fold", min_width=12)
+    heads = (["top-1"] if labeled else []) + (["top-5"] if top5 else [])
+    for c in heads + ["agreement", "max |Δlogit|", "mean |Δlogit|", "cosine"]:
+        t.add_column(c, justify="right")
+    t.add_column("pass", no_wrap=True)
     for r in report.results:
-        row = [r.artifact, r.backend, r.precision] + ([_pct(r.top1)] if labeled else []) + ([_pct(r.top5)] if top5 else [])
-        verdict = "reference" if r.is_reference else ("ok" if r.passed else "[red]FAIL[/]")
+        row = [f"{r.artifact}\n[dim]{r.backend} · {r.precision}[/]"]
+        row += ([_pct(r.top1)] if labeled else []) + ([_pct(r.top5)] if top5 else [])
+        verdict = "ref" if r.is_reference else ("ok" if r.passed else "[bold red]FAIL[/]")
         row += [_pct(r.agreement), f"{r.max_abs_diff:.2e}", f"{r.mean_abs_diff:.2e}", f"{r.cosine:.6f}", verdict]
         t.add_row(*row)
     console.print(t)
     if json_out is not None:
         write_text_atomic(json_out, json.dumps(report.to_dict(), indent=2) + "\n")
         console.print(f"results → {json_out}", highlight=False)
+    if report_dir is not None:
+        from vitdeploy.report import write_report
+
+        console.print(f"report → {write_report(report, report_dir)}", highlight=False)
     if not report.passed:
         for f in report.failures[1:]:
             err_console.print(f"[red]outside tolerance:[/] {f}", highlight=False)
