@@ -17,3 +17,20 @@ echo
 echo "artifacts in $(pwd):"
 echo "  checkpoint: $(pwd)/ckpt.pth"
 echo "  ONNX:       $(pwd)/model.onnx (verify: $(pwd)/verify.json)"
+# --- where the model looks, and the verify report with plots (issue 9)
+echo
+echo "== vitdeploy explain: attention maps for a few digits"
+[ -d digits/val ] || vitdeploy datasets digits digits > /dev/null
+[ -f model.onnx ] || vitdeploy export ckpt.pth
+EXPLAIN=()
+for c in 0 3 5 8; do files=(digits/val/$c/*.png); EXPLAIN+=("${files[0]}"); done
+vitdeploy explain "${EXPLAIN[@]}" --model ckpt.pth -o attention
+echo
+echo "== vitdeploy verify --report"
+CANDIDATES=(model.onnx)
+for f in model.fp16.onnx model.int8.onnx; do [ -f "$f" ] && CANDIDATES+=("$f"); done
+vitdeploy verify ckpt.pth "${CANDIDATES[@]}" --images digits/val --report report \
+  || echo "(verify exited $?: report/index.html shows where the candidates differ)"
+echo
+echo "attention maps: $(pwd)/attention/"
+echo "verify report:  $(pwd)/report/index.html"
