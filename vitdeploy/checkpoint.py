@@ -186,7 +186,7 @@ def load_any(path: str | Path, arch: str | None = None, labels: str | Path | Non
         if isinstance(obj, dict) and CKPT_KEY in obj:
             ck = _from_object(p, obj)
         elif arch:
-            return importers.load_timm(p, arch, labels)
+            return importers.load_timm(p, arch, labels, loaded=obj)
         else:
             raise VitdeployError(f"{p}: not a vitdeploy checkpoint — {describe_foreign(obj)}")
     if labels is not None:

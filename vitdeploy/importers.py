@@ -104,22 +104,26 @@ def _safetensors_load(p: Path) -> dict[str, torch.Tensor]:
         raise VitdeployError(f"{p}: not a readable safetensors file ({str(e)[:80]})") from None
 
 
-def read_tensors(path: str | Path) -> tuple[dict[str, torch.Tensor], str | None]:
+def read_tensors(path: str | Path, loaded: Any = None) -> tuple[dict[str, torch.Tensor], str | None]:
     """The state dict in a .safetensors/.pth/.bin file, and which key of a training checkpoint it came from.
 
     Follows timm's own loader (``timm.models.load_state_dict(use_ema=True)``): ``state_dict_ema``,
     then ``model_ema``, ``state_dict``, ``model``; a DataParallel ``module.`` prefix is dropped.
+    ``loaded``: the object already read from ``path`` (so it is not read twice).
     """
     p = Path(path)
-    if not p.is_file():
+    obj: Any = loaded
+    if loaded is not None:
+        pass
+    elif not p.is_file():
         raise VitdeployError(f"{p}: no such file")
-    if p.stat().st_size == 0:
+    elif p.stat().st_size == 0:
         raise VitdeployError(f"{p}: empty file, not a checkpoint")
-    key: str | None = None
-    if p.suffix == ".safetensors":
-        obj: Any = _safetensors_load(p)
+    elif p.suffix == ".safetensors":
+        obj = _safetensors_load(p)
     else:
         obj = torch_load(p)
+    key: str | None = None
     if isinstance(obj, dict):
         for k in ("state_dict_ema", "model_ema", "state_dict", "model"):
             if isinstance(obj.get(k), dict) and obj[k]:
@@ -491,11 +495,11 @@ def _timm_layout(sd: dict[str, torch.Tensor], where: str) -> dict[str, Any]:
     }
 
 
-def load_timm(path: str | Path, arch: str, labels: str | Path | None = None) -> Checkpoint:
+def load_timm(path: str | Path, arch: str, labels: str | Path | None = None, loaded: Any = None) -> Checkpoint:
     """A timm ViT state dict (plain, or inside a timm training checkpoint) with its timm model name."""
     p = Path(path)
     spec = timm_arch(arch)
-    sd, key = read_tensors(p)
+    sd, key = read_tensors(p, loaded)
     sd = {k: v for k, v in sd.items() if not k.startswith("pre_logits.")}  # unused representation layer of old weights
     lay = _timm_layout(sd, str(p))
     cfg = spec.config
