@@ -2,6 +2,7 @@
 # The whole pipeline on the embedded digits set, in one folder, as a user types it.
 set -euo pipefail
 DIR="${1:-demo}"
+CALIB_SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/calibration"
 mkdir -p "$DIR"
 cd "$DIR"
 echo "== vitdeploy train (embedded digits set) in $(pwd)"
@@ -14,9 +15,20 @@ echo "== vitdeploy verify: model.onnx against ckpt.pth on the digits val images"
 [ -d digits/val ] || vitdeploy datasets digits digits > /dev/null
 vitdeploy verify ckpt.pth model.onnx --images digits/val --json verify.json
 echo
+echo "== vitdeploy calibrate: INT8 Q/DQ from calibration/ (real digit images), top-1 against FP32 on digits/val"
+[ -d calibration ] || cp -r "$CALIB_SRC" calibration
+vitdeploy calibrate model.onnx --eval digits/val
+echo
+echo "== vitdeploy convert-fp16: FP16 with LayerNorm, Softmax and reductions in float32"
+vitdeploy convert-fp16 model.onnx
+echo
+echo "== vitdeploy verify: FP32, FP16 and INT8 ONNX side by side (ONNX Runtime CPU)"
+vitdeploy verify model.onnx model.fp16.onnx model.int8.onnx --images digits/val --json verify-precision.json
+echo
 echo "artifacts in $(pwd):"
 echo "  checkpoint: $(pwd)/ckpt.pth"
 echo "  ONNX:       $(pwd)/model.onnx (verify: $(pwd)/verify.json)"
+echo "  INT8 ONNX:  $(pwd)/model.int8.onnx (ranges: model.int8.calib.json), FP16 ONNX: $(pwd)/model.fp16.onnx (verify: verify-precision.json)"
 # --- where the model looks, and the verify report with plots (issue 9)
 echo
 echo "== vitdeploy explain: attention maps for a few digits"

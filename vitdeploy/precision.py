@@ -304,9 +304,11 @@ def calibrate(
             f"INT8 top-1 drop {g_after.get('drop_points')} points exceeds --max-drop {max_drop} even with all "
             f"{len(excluded)} quantized layers kept in float: nothing written; raise --max-drop or use FP16"
         )
-    if float_type == "fp16":
-        qmodel = to_fp16(qmodel)
     quantized = [la.node for la in layers if la.node not in set(excluded)]
+    if float_type == "fp16":
+        # the quantized layers stay float32 so each DequantizeLinear feeds its MatMul/Conv directly (TensorRT fuses
+        # that pair into an int8 kernel); Casts go before the QuantizeLinear and after the layer
+        qmodel = to_fp16(qmodel, keep_fp32_nodes=quantized)
     quant = {
         "method": method,
         "quantize_attention": quantize_attention,

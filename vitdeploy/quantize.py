@@ -183,19 +183,17 @@ class AbsHistogram:
             return self.amax
         best, best_i = np.inf, n
         step = max(1, (n - levels) // 256)
+        tail = np.concatenate([np.cumsum(c[::-1])[::-1], [0.0]])  # tail[i] = mass at or beyond bin i
         for i in range(levels, n + 1, step):
             p = c[:i].copy()
-            p[i - 1] += c[i:].sum()
+            p[i - 1] += tail[i]
             # quantize the first i bins into `levels` groups, spread each group's mass over its non-empty bins
-            edges = np.linspace(0, i, levels + 1).astype(np.int64)
-            q = np.zeros(i)
             ref = c[:i]
-            for j in range(levels):
-                lo, hi = edges[j], max(edges[j + 1], edges[j] + 1)
-                nz = ref[lo:hi] > 0
-                k = nz.sum()
-                if k:
-                    q[lo:hi][nz] = ref[lo:hi].sum() / k
+            starts = np.linspace(0, i, levels + 1).astype(np.int64)[:-1]
+            sums = np.add.reduceat(ref, starts)
+            nonzero = np.add.reduceat((ref > 0).astype(np.float64), starts)
+            group = np.repeat(np.arange(levels), np.diff(np.append(starts, i)))
+            q = np.where(ref > 0, (sums / np.maximum(nonzero, 1.0))[group], 0.0)
             ps, qs = p.sum(), q.sum()
             if ps == 0 or qs == 0:
                 continue

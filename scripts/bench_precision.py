@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""FP32 vs INT8 (vs FP16) ONNX Runtime CPU throughput, side by side in one process, interleaved, as ratios.
+
+    .venv/bin/python scripts/bench_precision.py                      # vit-small/16 at 224, batch 8
+    .venv/bin/python scripts/bench_precision.py --preset vit-digits --fp16 --rounds 20
+
+Builds a random-weight checkpoint of the preset, exports it with vitdeploy's
+exporter, calibrates INT8 with vitdeploy.precision.calibrate on real photographs
+(scikit-image's samples, cropped at random), and times every model in turn for
+``--rounds`` rounds of ``--iters`` calls each, so load from other processes hits
+them alike. Prints images/s (median over rounds) and INT8/FP32 (and FP16/FP32)
+throughput ratios; the target for vit-small at batch 8 is INT8 ≥ 2× FP32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def photos(folder: Path, n: int, seed: int) -> Path:
+    """n random crops of scikit-image's sample photographs (real images, any size)."""
+    from PIL import Image
+    from skimage import data
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    srcs = [np.asarray(Image.fromarray(getattr(data, k)()).convert("RGB")) for k in ("astronaut", "coffee", "chelsea", "rocket", "camera")]
+    for i in range(n):
+        dest = folder / f"photo_{i:03d}.jpg"
+        a = srcs[i % len(srcs)]
+        h, w = a.shape[:2]
+        s = int(rng.integers(min(h, w) // 3, min(h, w)))
+        y, x = int(rng.integers(0, h - s + 1)), int(rng.integers(0, w - s + 1))
+        if not dest.exists():  # kept files keep their calibration cache valid
+            Image.fromarray(a[y : y + s, x : x + s]).save(dest, quality=92)
+    return folder
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="vit-small")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=2, help="calls per model per round")
+    ap.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: one per core)")
+    ap.add_argument("--calib-images", type=int, default=64)
+    ap.add_argument("--method", default=None)
+    ap.add_argument("--quantize-attention", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument("--fp16", action="store_true", help="also time the FP16 ONNX")
+    ap.add_argument("--keep", type=Path, default=None, help="folder to keep (and reuse) the artifacts in")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+
+    import torch
+
+    from vitdeploy.checkpoint import save_checkpoint
+    from vitdeploy.export import export_onnx
+    from vitdeploy.manifest import Manifest
+    from vitdeploy.model import VisionTransformer, get_preset
+    from vitdeploy.precision import calibrate, convert_fp16
+    from vitdeploy.runners import open_runner
+
+    tmp = tempfile.TemporaryDirectory(prefix="bench-precision-")
+    d = a.keep or Path(tmp.name)
+    d.mkdir(parents=True, exist_ok=True)
+    p = get_preset(a.preset)
+    fp32 = d / "model.onnx"
+    if not fp32.exists():
+        torch.manual_seed(0)
+        model = VisionTransformer(p.config).eval()
+        man = Manifest(model=p.config.to_dict(), labels=[f"class_{i}" for i in range(p.config.num_classes)],
+                       preprocess=dict(p.preprocess), name=a.preset)
+        save_checkpoint(d / "ckpt.pth", model, man)
+        export_onnx(d / "ckpt.pth", fp32, check=False)
+    kw = {}
+    if a.method:
+        kw["method"] = a.method
+    if a.quantize_attention is not None:
+        kw["quantize_attention"] = a.quantize_attention
+    t = time.perf_counter()
+    res = calibrate(fp32, photos(d / "calibration", a.calib_images, 0), d / "model.int8.onnx",
+                    num_images=a.calib_images, batch_size=min(16, a.calib_images), **kw)
+    q = res.manifest.extra["quantization"]
+    print(f"calibrated in {time.perf_counter() - t:.0f} s: {q['method']}, attention quantized: {q['quantize_attention']}, "
+          f"{q['layers_quantized']} layers", flush=True)
+    models = {"fp32": fp32, "int8": res.path}
+    if a.fp16:
+        models["fp16"] = convert_fp16(fp32, d / "model.fp16.onnx")
+    runners = {k: open_runner(v, threads=a.threads) for k, v in models.items()}
+    h, w = p.config.image_size
+    x = np.random.default_rng(0).standard_normal((a.batch, 3, h, w)).astype(np.float32)
+    for r in runners.values():  # warm-up
+        r(x)
+        r(x)
+    per_round: dict[str, list[float]] = {k: [] for k in runners}
+    for i in range(a.rounds):
+        order = list(runners) if i % 2 == 0 else list(reversed(runners))
+        for k in order:
+            t0 = time.perf_counter()
+            for _ in range(a.iters):
+                runners[k](x)
+            per_round[k].append(a.batch * a.iters / (time.perf_counter() - t0))
+    from vitdeploy.bench import cpu_flags, cpu_model
+
+    ips = {k: statistics.median(v) for k, v in per_round.items()}
+    print(f"{a.preset} at {h}x{w}, batch {a.batch}, ONNX Runtime CPU ({cpu_model()}; {', '.join(cpu_flags())}), "
+          f"{a.rounds} interleaved rounds x {a.iters} calls")
+    for k, v in ips.items():
+        print(f"  {k:5s} {v:8.2f} img/s (median; min {min(per_round[k]):.2f}, max {max(per_round[k]):.2f})")
+    ratios = {f"{k}/fp32": ips[k] / ips["fp32"] for k in ips if k != "fp32"}
+    paired = [i8 / f for i8, f in zip(per_round["int8"], per_round["fp32"], strict=True)]
+    for k, v in ratios.items():
+        print(f"  {k} throughput ratio {v:.2f}x")
+    print(f"  int8/fp32 per-round ratios: median {statistics.median(paired):.2f}x, range {min(paired):.2f}–{max(paired):.2f}x")
+    if a.json:
+        a.json.write_text(json.dumps({"preset": a.preset, "batch": a.batch, "images_per_s": ips, "ratios": ratios,
+                                      "per_round": per_round, "quantization": q}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
