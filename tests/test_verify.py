@@ -71,7 +71,7 @@ def test_verify_ckpt_and_onnx_on_digits_val(digits_ckpt: Path, digits_onnx: Path
     assert KEYS <= set(ref) and KEYS <= set(onnx_r)
     assert ref["artifact"] == str(digits_ckpt) and onnx_r["artifact"] == str(digits_onnx)
     assert data["num_images"] == 360 and data["labeled"] is True
-    assert ref["top1"] == onnx_r["top1"] and ref["top1"] > 0.5  # equal accuracy, of a trained model
+    assert ref["top1"] == onnx_r["top1"] and ref["top1"] > 0.3  # equal accuracy, of a trained model (chance: 0.1)
     assert ref["top5"] == onnx_r["top5"]
     assert onnx_r["agreement"] == 1.0 and onnx_r["passed"] is True
     assert onnx_r["max_abs_diff"] <= 1e-4 * max(1.0, ref["max_abs_logit"])
