@@ -204,3 +204,15 @@ def test_cli_export_embed_preprocess(digits_ckpt: Path, digits_folder: Path, tmp
     man = read_onnx_manifest(raw)
     assert man.source["sha256"] == sha256_file(out) and "raw_variant" not in man.extra
     assert compare_on_files(out, raw, list_images(digits_folder / "val")[:40]) <= 1e-4
+
+
+def test_variants_of_vitdeploys_own_precision_artifacts(digits_onnx: Path, digits_folder: Path, tmp_path: Path) -> None:
+    # vitdeploy.precision's FP16 (float32 I/O, float32 islands; its Casts come last in the node list) and its
+    # Q/DQ INT8 with FP16 for the unquantized parts, as built for TensorRT
+    from vitdeploy.precision import calibrate, convert_fp16
+
+    fp16 = convert_fp16(digits_onnx, tmp_path / "model.fp16.onnx")
+    int8 = calibrate(digits_onnx, digits_folder / "train", tmp_path / "model.int8.onnx", num_images=64, float_type="fp16").path
+    files = list_images(digits_folder / "val")[::10]
+    for path in (fp16, int8):
+        assert compare_on_files(path, embed_preprocess(path), files) <= 1e-3, path.name
