@@ -259,27 +259,6 @@ def timm_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return p
 
 
-def test_timm_state_dict_gives_reference_logits(timm_file: Path, photo_files: list[Path]) -> None:
-    sd = torch.load(timm_file, weights_only=True)
-    ck = load_any(timm_file, arch="vit_tiny_patch16_224")
-    m = ck.manifest
-    assert m.model["embed_dim"] == 192 and m.model["num_heads"] == 3 and m.model["depth"] == 12
-    assert m.num_classes == 7 and m.labels == [f"class_{i}" for i in range(7)]
-    pp = m.pp()
-    assert (pp.input_size, pp.resize_mode, pp.crop_pct, pp.interpolation) == ((224, 224), "shorter", 0.9, "bicubic")
-    assert pp.mean == (0.5, 0.5, 0.5) and pp.std == (0.5, 0.5, 0.5)
-    files = photo_files[:2]
-    ref_pixels = np.stack([timm_reference_pixels(f, 224, 0.9, (0.5,) * 3, (0.5,) * 3) for f in files])
-    ours = np.stack([preprocess_file(f, pp) for f in files])
-    assert np.abs(ours - ref_pixels).max() < 1e-5
-    x = torch.from_numpy(ref_pixels)
-    ref = timm_reference_forward(sd, x, num_heads=3)
-    with torch.no_grad():
-        got = ck.build()(x)
-    assert ref.std() > 0.1
-    assert (got - ref).abs().max().item() <= 1e-4
-
-
 def test_timm_fc_norm_avg_pool_no_qkv_bias_and_labels(tmp_path: Path) -> None:
     sd = timm_state_dict(n_cls=5, seed=4, fc_norm=True, qkv_bias=False, **TINY)
     p = tmp_path / "gap.safetensors"
@@ -464,23 +443,35 @@ def test_export_hf_folder_matches_transformers_and_carries_labels(hf_dir: Path, 
     assert open_model(hf_dir)[0].manifest.labels == HF_LABELS
 
 
-def test_export_timm_state_dict_matches_the_reference(timm_file: Path, photo_files: list[Path], tmp_path: Path) -> None:
+def test_timm_state_dict_gives_reference_logits_in_torch_and_onnx(timm_file: Path, photo_files: list[Path], tmp_path: Path) -> None:
     from vitdeploy.export import export_onnx
     from vitdeploy.manifest import read_onnx_manifest
     from vitdeploy.runners import open_runner
+
+    ck = load_any(timm_file, arch="vit_tiny_patch16_224")
+    m = ck.manifest
+    assert m.model["embed_dim"] == 192 and m.model["num_heads"] == 3 and m.model["depth"] == 12
+    assert m.num_classes == 7 and m.labels == [f"class_{i}" for i in range(7)]
+    pp = m.pp()
+    assert (pp.input_size, pp.resize_mode, pp.crop_pct, pp.interpolation) == ((224, 224), "shorter", 0.9, "bicubic")
+    assert pp.mean == (0.5, 0.5, 0.5) and pp.std == (0.5, 0.5, 0.5)
+    files = photo_files[:2]
+    ref_pixels = np.stack([timm_reference_pixels(f, 224, 0.9, (0.5,) * 3, (0.5,) * 3) for f in files])
+    ours = np.stack([preprocess_file(f, pp) for f in files])
+    assert np.abs(ours - ref_pixels).max() < 1e-5
+    ref = timm_reference_forward(torch.load(timm_file, weights_only=True), torch.from_numpy(ref_pixels), num_heads=3)
+    assert ref.std() > 0.1
+    with torch.no_grad():
+        assert (ck.build()(torch.from_numpy(ours)) - ref).abs().max().item() <= 1e-4
 
     labels = tmp_path / "labels.txt"
     labels.write_text("\n".join(f"kind {i}" for i in range(7)))
     out = tmp_path / "timm.onnx"
     export_onnx(timm_file, out, arch="vit_tiny_patch16_224", labels=labels, check=False)
-    m = read_onnx_manifest(out)
-    assert m.labels == [f"kind {i}" for i in range(7)] and m.pp().crop_pct == 0.9
-    files = photo_files[:2]
-    ref_pixels = np.stack([timm_reference_pixels(f, 224, 0.9, (0.5,) * 3, (0.5,) * 3) for f in files])
-    ref = timm_reference_forward(torch.load(timm_file, weights_only=True), torch.from_numpy(ref_pixels), num_heads=3).numpy()
+    assert read_onnx_manifest(out).labels == [f"kind {i}" for i in range(7)]
     runner = open_runner(out)
     logits = runner(np.stack([preprocess_file(f, runner.manifest.pp()) for f in files]))
-    assert np.abs(logits - ref).max() <= 1e-4
+    assert np.abs(logits - ref.numpy()).max() <= 1e-4
 
 
 def test_cli_import_writes_a_plain_checkpoint(timm_file: Path, tmp_path: Path) -> None:
