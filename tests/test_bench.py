@@ -1,0 +1,137 @@
+"""`vitdeploy benchmark`: rows side by side, the JSON keys, and the errors a user meets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from vitdeploy.bench import benchmark, machine_info, measure, ratios_between, rows_for
+from vitdeploy.cli import app
+from vitdeploy.errors import VitdeployError
+
+cli = CliRunner()
+ROW_KEYS = {"artifact", "backend", "precision", "batch", "iterations", "throughput", "p50_ms", "p90_ms", "p99_ms"}
+
+
+@pytest.fixture(scope="module")
+def digits_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A random-weight vit-digits checkpoint and its ONNX: speed needs no training."""
+    from vitdeploy.bench import _pipeline, _random_checkpoint
+
+    export_onnx = _pipeline()[0]
+    d = tmp_path_factory.mktemp("bench_models")
+    ckpt = _random_checkpoint("vit-digits", d, seed=0)
+    onnx_path = Path(export_onnx(ckpt, out=d / "model.onnx", check=False).path)
+    return ckpt, onnx_path
+
+
+def test_preset_benchmark_json(tmp_path: Path) -> None:
+    """What CI runs: a random-weight vit-tiny, its FP32/FP16/INT8 ONNX, every row at batch 1."""
+    out = tmp_path / "bench.json"
+    keep = tmp_path / "artifacts"
+    r = cli.invoke(app, ["benchmark", "--preset", "vit-tiny", "--batch-sizes", "1", "--iterations", "3",
+                         "--warmup", "1", "--json", str(out), "--keep", str(keep)])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(out.read_text())
+    rows = rep["results"]
+    assert [(x["backend"], x["precision"]) for x in rows] == [
+        ("torch", "fp32"), ("onnxruntime", "fp32"), ("onnxruntime", "fp16"), ("onnxruntime", "int8")]
+    for x in rows:
+        assert ROW_KEYS <= set(x)
+        assert x["batch"] == 1 and x["iterations"] == 3
+        assert 0 < x["p50_ms"] <= x["p90_ms"] <= x["p99_ms"]
+        assert x["throughput"] > 0
+    assert rep["machine"]["cpu"] and rep["machine"]["threads"] >= 1 and "gpu" in rep["machine"]
+    assert {"onnxruntime", "numpy", "vitdeploy"} <= set(rep["versions"])
+    assert any(q["row"] == "onnxruntime int8" and q["vs"] == "onnxruntime fp32" for q in rep["ratios"])
+    assert sorted(p.name for p in keep.glob("*.onnx")) == ["model.fp16.onnx", "model.int8.onnx", "model.onnx"]
+    assert "onnxruntime int8 (model.int8.onnx) / onnxruntime fp32 (model.onnx) =" in r.output
+    assert "intra_op_num_threads" in r.output
+
+
+def test_benchmark_rows_side_by_side(digits_models: tuple[Path, Path]) -> None:
+    ckpt, onnx_path = digits_models
+    rep = benchmark([ckpt, onnx_path], batch_sizes=[1, 4], iterations=4, warmup=1, threads=1)
+    assert [(r.backend, r.batch) for r in rep.results] == [("torch", 1), ("onnxruntime", 1), ("torch", 4), ("onnxruntime", 4)]
+    assert all(r.iterations == 4 for r in rep.results)
+    assert rep.machine["threads"] == 1
+    for r in rep.results:
+        assert r.throughput == pytest.approx(r.batch * 1000.0 / r.mean_ms, rel=1e-6)
+    assert [(q["batch"], q["row"], q["vs"]) for q in rep.ratios] == [
+        (1, "onnxruntime fp32", "torch fp32 eager"), (4, "onnxruntime fp32", "torch fp32 eager")]
+    d = rep.to_dict()
+    json.dumps(d)
+    assert d["settings"]["onnxruntime"].startswith("ORT_ENABLE_ALL")
+
+
+def test_measure_interleaves_and_counts(digits_models: tuple[Path, Path]) -> None:
+    from vitdeploy.runners import open_runner
+
+    ckpt, onnx_path = digits_models
+    with open_runner(ckpt) as a, open_runner(onnx_path) as b:
+        order: list[str] = []
+        times = measure([a, b], batch=2, warmup=0, iterations=7, rounds=3, progress=order.append)
+        assert [len(t) for t in times] == [7, 7]
+        assert [o.split(": ")[1] for o in order] == [  # a block of a, then a block of b, three times
+            f"round {k}/3, {b}" for k in (1, 2, 3) for b in ("torch fp32", "onnxruntime fp32")]
+        times = measure([a], batch=1, warmup=0, seconds=0.05)
+        assert len(times[0]) >= 3 and sum(times[0]) >= 0.04
+
+
+def test_ratios_between() -> None:
+    from vitdeploy.bench import BenchRow
+
+    def row(backend: str, prec: str, tp: float) -> BenchRow:
+        return BenchRow("a", backend, prec, 8, 3, tp, 1, 1, 1, 1)
+
+    rows = [row("torch", "fp32", 10), row("onnxruntime", "fp32", 12), row("onnxruntime", "int8", 30)]
+    got = {(q["row"], q["vs"]): round(q["ratio"], 3) for q in ratios_between(rows)}
+    assert got == {("onnxruntime fp32", "torch fp32 eager"): 1.2, ("onnxruntime int8", "torch fp32 eager"): 3.0,
+                   ("onnxruntime int8", "onnxruntime fp32"): 2.5}
+
+
+def test_rows_for_and_errors(digits_models: tuple[Path, Path], tmp_path: Path) -> None:
+    ckpt, onnx_path = digits_models
+    assert rows_for([ckpt, onnx_path]) == [(ckpt, "torch"), (onnx_path, "onnxruntime")]
+    assert rows_for([ckpt, onnx_path], ["onnxruntime"]) == [(onnx_path, "onnxruntime")]
+    with pytest.raises(VitdeployError, match="no artifact runs on"):
+        rows_for([ckpt], ["tensorrt"])
+    with pytest.raises(VitdeployError, match="no such file"):
+        rows_for([tmp_path / "none.onnx"])
+    cases = [
+        (["benchmark"], 2, "nothing to measure"),
+        (["benchmark", str(ckpt), "--preset", "vit-tiny"], 2, "not both"),
+        (["benchmark", str(ckpt), "--batch-sizes", "0"], 2, "positive integers"),
+        (["benchmark", str(ckpt), "--batch-sizes", "a,b"], 2, "comma-separated"),
+        (["benchmark", str(ckpt), "--iterations", "2", "--seconds", "1"], 2, "not both"),
+        (["benchmark", str(tmp_path / "missing.onnx")], 1, "no such file"),
+        (["benchmark", str(ckpt), "--backends", "tensorflow"], 1, "unknown backend"),
+        (["benchmark", "--preset", "vit-gigantic"], 1, "unknown preset"),
+    ]
+    for args, code, msg in cases:
+        r = cli.invoke(app, args)
+        assert r.exit_code == code, (args, r.output)
+        assert msg in r.output and "Traceback" not in r.output, (args, r.output)
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"junk")
+    r = cli.invoke(app, ["benchmark", str(garbage), "--iterations", "1"])
+    assert r.exit_code == 1 and "garbage.onnx" in r.output
+
+
+def test_benchmark_cli_on_artifacts(digits_models: tuple[Path, Path], tmp_path: Path) -> None:
+    ckpt, onnx_path = digits_models
+    out = tmp_path / "b.json"
+    r = cli.invoke(app, ["benchmark", str(ckpt), str(onnx_path), "--batch-sizes", "2", "--seconds", "0.2",
+                         "--threads", "1", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "onnxruntime fp32 (model.onnx) / torch fp32 eager (ckpt.pth) =" in r.output
+    rows = json.loads(out.read_text())["results"]
+    assert len(rows) == 2 and all(x["iterations"] >= 3 for x in rows)
+
+
+def test_machine_info() -> None:
+    m = machine_info()
+    assert m["cores"] >= 1 and m["threads"] == m["cores"] and isinstance(m["cpu_flags"], list)
