@@ -46,3 +46,16 @@ vitdeploy verify ckpt.pth "${CANDIDATES[@]}" --images digits/val --report report
 echo
 echo "attention maps: $(pwd)/attention/"
 echo "verify report:  $(pwd)/report/index.html"
+# --- the device bundle and doctor (issue 7)
+echo
+echo "== vitdeploy doctor: what this machine can do"
+vitdeploy doctor
+echo
+echo "== vitdeploy bundle: ONNX + raw-pixel variants, labels, run.py, build_engine.sh, Triton, DeepStream"
+[ -d digits/val ] || vitdeploy datasets digits digits > /dev/null
+vitdeploy bundle --force --check-images digits/val --references 32
+python3 bundle/run.py --check
+THREES=(digits/val/3/*.png)
+python3 bundle/run.py "${THREES[@]:0:3}"
+bundle/build_engine.sh --dry-run
+echo "bundle:         $(pwd)/bundle/ (copy it to the Jetson: ./build_engine.sh && python3 run.py --check)"
