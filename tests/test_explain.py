@@ -260,10 +260,77 @@ def test_explain_unreadable_and_wrong_inputs(digits_ckpt: Path, digits_folder: P
     onnx = tmp_path / "model.onnx"
     onnx.write_bytes(b"x")
     res = runner.invoke(app, ["explain", str(good), "--model", str(onnx)])
-    assert res.exit_code == 2 and "checkpoint" in res.stderr
+    assert res.exit_code == 1 and "not a readable ONNX model" in res.stderr
+    engine = tmp_path / "model.int8.engine"
+    engine.write_bytes(b"x")
+    res = runner.invoke(app, ["explain", str(good), "--model", str(engine)])
+    assert res.exit_code == 2 and "ONNX model it was built from" in res.stderr
     for opt in (["--method", "gradcam"], ["--head-fusion", "median"], ["--discard-ratio", "1.0"]):
         res = runner.invoke(app, ["explain", str(good), "--model", str(digits_ckpt), "-o", str(out), *opt])
         assert res.exit_code == 2, (opt, res.output)
         assert len(res.stderr.strip().splitlines()) == 1
     res = runner.invoke(app, ["explain", str(tmp_path / "nope.png"), "--model", str(digits_ckpt)])
     assert res.exit_code == 1 and "no such file" in res.stderr
+
+
+@pytest.fixture(scope="module")
+def onnx_copies(digits_ckpt: Path, digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The checkpoint's ONNX export and its FP16 and INT8 (Q/DQ, calibrated on 64 train digits) copies."""
+    from vitdeploy.export import export_onnx
+    from vitdeploy.precision import calibrate, convert_fp16
+
+    root = tmp_path_factory.mktemp("onnx")
+    fp32 = root / "model.onnx"
+    export_onnx(digits_ckpt, fp32, check=False)
+    fp16 = convert_fp16(fp32, root / "model.fp16.onnx")
+    calibrate(fp32, digits_folder / "train", root / "model.int8.onnx", num_images=64)
+    return {"fp32": fp32, "fp16": fp16, "int8": root / "model.int8.onnx"}
+
+
+def test_explain_onnx_copies_look_where_the_checkpoint_looks(digits_ckpt: Path, digits_folder: Path,
+                                                             onnx_copies: dict[str, Path], tmp_path: Path) -> None:
+    import onnx
+
+    from vitdeploy.explain import softmax_outputs
+
+    imgs = [sorted((digits_folder / "val" / str(c)).iterdir())[1] for c in range(10)]
+    ref = explain(imgs, model=digits_ckpt, out_dir=tmp_path / "ckpt", method="rollout")
+    ref_maps = np.stack([e.heatmap for e in ref.explanations])
+    limits = {"fp32": 1e-5, "fp16": 5e-3, "int8": 0.1}
+    for prec, path in onnx_copies.items():
+        m = onnx.load(str(path))
+        assert len(softmax_outputs(m)) == 4  # one per block of vit-digits
+        if prec == "int8":
+            assert any(n.op_type == "QuantizeLinear" for n in m.graph.node)
+        r = explain(imgs, model=path, out_dir=tmp_path / prec)
+        maps = np.stack([e.heatmap for e in r.explanations])
+        diff = float(np.abs(maps - ref_maps).max())
+        assert diff < limits[prec], (prec, diff)
+        for a, b in zip(maps, ref_maps, strict=True):
+            assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.99, prec
+        for e in r.explanations:
+            with Image.open(e.output) as im:
+                assert im.size == png_size((32, 32))
+    # the fp32 export's attention is the checkpoint's: the same numbers, not merely a similar picture
+    fp32 = explain(imgs[:2], model=onnx_copies["fp32"], out_dir=tmp_path / "x", method="last-layer", head_fusion="max")
+    ck = explain(imgs[:2], model=digits_ckpt, out_dir=tmp_path / "y", method="last-layer", head_fusion="max")
+    for a, b in zip(fp32.explanations, ck.explanations, strict=True):
+        np.testing.assert_allclose(a.heatmap, b.heatmap, atol=1e-5)
+        assert a.top[0][0] == b.top[0][0]
+
+
+def test_explain_onnx_does_not_import_torch(onnx_copies: dict[str, Path], photo_files: list[Path],
+                                            tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from vitdeploy.explain import explain\n"
+        f"r = explain([{str(photo_files[3])!r}], model={str(onnx_copies['int8'])!r}, out_dir={str(tmp_path)!r})\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "print(r.explanations[0].output)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert Path(out.stdout.strip()).is_file()

@@ -7,8 +7,11 @@ the blocks is how much each input token flowed into each output token. The map
 is the class token's row (or, for a mean-pooled head, the mean of the patch
 tokens' rows, since those are what the head reads), over the patch columns.
 
-The maths (``fuse_heads``, ``rollout``, ``last_layer``) is numpy only; the
-attention probabilities come from ``VisionTransformer.forward_with_attention``.
+The maths (``fuse_heads``, ``rollout``, ``last_layer``) is numpy only. The
+attention probabilities come from ``VisionTransformer.forward_with_attention``
+for a checkpoint, and for an ONNX model (FP32, FP16 or the INT8 Q/DQ copy) from
+its Softmax nodes, made graph outputs and run by ONNX Runtime: so a quantized
+copy is checked on where it looks, not only on what it answers.
 Drawing uses Pillow plus a matplotlib colour map, so the PNG's geometry is
 exact: the input panel and the overlay panel side by side, a caption below.
 """
@@ -25,6 +28,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from vitdeploy.errors import UsageError, VitdeployError
 from vitdeploy.fileio import atomic_path
+from vitdeploy.manifest import Manifest
 from vitdeploy.preprocess import ImageReadError, Preprocess, list_images, load_image, resize_crop, to_array
 
 METHODS = ("rollout", "last-layer")
@@ -259,6 +263,129 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
+Forward = Callable[[Sequence[Image.Image]], tuple[np.ndarray, list[np.ndarray]]]
+
+
+@dataclass
+class AttentionModel:
+    """Logits and every block's attention probabilities for resized images, from a checkpoint or an ONNX model."""
+
+    path: Path
+    manifest: Manifest
+    backend: str
+    forward: Forward
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        h, w = self.manifest.model.get("image_size", self.manifest.input_size)
+        p = int(self.manifest.model["patch_size"])
+        return (int(h) // p, int(w) // p)
+
+    @property
+    def pool(self) -> str:
+        return str(self.manifest.model.get("pool", "cls"))
+
+
+def _torch_attention(path: Path) -> AttentionModel:
+    import torch
+
+    from vitdeploy.checkpoint import load_any
+
+    ck = load_any(path)
+    net = ck.build()
+    pp = ck.manifest.pp()
+
+    def forward(images: Sequence[Image.Image]) -> tuple[np.ndarray, list[np.ndarray]]:
+        x = torch.from_numpy(np.stack([to_array(im, pp) for im in images]))
+        with torch.inference_mode():
+            logits, attns = net.forward_with_attention(x)
+        return logits.float().numpy(), [a.float().numpy() for a in attns]
+
+    return AttentionModel(path, ck.manifest, "torch", forward)
+
+
+def softmax_outputs(model: Any) -> list[str]:
+    """The attention probabilities of an exported ViT: the outputs of its Softmax nodes, in graph order."""
+    return [n.output[0] for n in model.graph.node if n.op_type == "Softmax"]
+
+
+def _onnx_attention(path: Path, threads: int | None = None) -> AttentionModel:
+    """The ONNX model with its Softmax outputs made graph outputs: the FP16 or INT8 copy's own attention.
+
+    No torch here: this is the deployed graph, run by ONNX Runtime as verify runs it.
+    """
+    import onnx
+    import onnxruntime as ort
+
+    from vitdeploy.manifest import ONNX_KEY
+    from vitdeploy.runners.onnxruntime import session_options
+
+    try:
+        model = onnx.load(str(path))
+    except Exception as e:
+        raise VitdeployError(f"{path}: not a readable ONNX model ({type(e).__name__}); re-export it") from None
+    meta = {p.key: p.value for p in model.metadata_props}
+    if ONNX_KEY not in meta:
+        raise VitdeployError(f"{path}: an ONNX model without a vitdeploy manifest; export it with `vitdeploy export`")
+    manifest = Manifest.from_json(meta[ONNX_KEY])
+    names = softmax_outputs(model)
+    depth = int(manifest.model.get("depth", len(names)))
+    if len(names) != depth:
+        raise VitdeployError(
+            f"{path}: {len(names)} Softmax nodes for {depth} blocks, so the attention cannot be read; "
+            "explain the checkpoint instead"
+        )
+    try:
+        typed = onnx.shape_inference.infer_shapes(model)
+        types = {v.name: v.type.tensor_type.elem_type for v in typed.graph.value_info}
+    except Exception:  # noqa: BLE001 - a type is only a hint here
+        types = {}
+    existing = {o.name for o in model.graph.output}
+    for n in names:
+        if n not in existing:
+            model.graph.output.append(onnx.helper.make_tensor_value_info(n, types.get(n) or onnx.TensorProto.FLOAT, None))
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise VitdeployError(f"{path}: ONNX Runtime cannot load it ({str(e).splitlines()[0][:160]})") from None
+    inp = session.get_inputs()[0]
+    logits_name = session.get_outputs()[0].name
+    spec = manifest.extra.get("input") if isinstance(manifest.extra.get("input"), dict) else {}
+    in_graph = bool(spec.get("preprocess_in_graph"))
+    layout = str(spec.get("layout", "NHWC")).upper()
+    dtype = np.uint8 if spec.get("dtype", "uint8") == "uint8" else np.float32
+    pp = manifest.pp()
+
+    def forward(images: Sequence[Image.Image]) -> tuple[np.ndarray, list[np.ndarray]]:
+        if in_graph:  # preprocessing folded into the graph: resized RGB pixels in
+            x = np.stack([np.asarray(im, np.uint8) for im in images])
+            x = (x.transpose(0, 3, 1, 2) if layout == "NCHW" else x).astype(dtype)
+        else:
+            x = np.stack([to_array(im, pp) for im in images])
+        out = session.run([logits_name, *names], {inp.name: x})
+        return np.asarray(out[0], np.float32), [np.asarray(a, np.float32) for a in out[1:]]
+
+    return AttentionModel(path, manifest, "onnxruntime", forward)
+
+
+def open_attention_model(path: str | Path, threads: int | None = None) -> AttentionModel:
+    """A checkpoint (PyTorch) or an ONNX model, FP32, FP16 or INT8 (ONNX Runtime); engines have no attention outputs."""
+    from vitdeploy.runners import artifact_kind
+
+    p = Path(path)
+    if not p.exists():
+        raise VitdeployError(f"{p}: no such model; pass --model ckpt.pth or an .onnx model")
+    kind = artifact_kind(p)
+    if kind == "engine":
+        raise UsageError(
+            f"{p}: a TensorRT engine hands out only its logits; explain the ONNX model it was built from "
+            "(its attention is the same graph's)"
+        )
+    if kind == "onnx":
+        return _onnx_attention(p, threads)
+    return _torch_attention(p)
+
+
 def explain(
     images: Sequence[str | Path],
     model: str | Path = "ckpt.pth",
@@ -268,6 +395,7 @@ def explain(
     discard_ratio: float = 0.0,
     top_k: int = 3,
     batch_size: int = 16,
+    threads: int | None = None,
     on_image: Callable[[Explanation], Any] | None = None,
 ) -> ExplainResult:
     """Attention maps for image files (or folders of them) as PNGs in ``out_dir``.
@@ -275,22 +403,12 @@ def explain(
     Unreadable images are listed in ``result.skipped`` (the others are written);
     when none can be read, VitdeployError.
     """
-    import torch
-
-    from vitdeploy.checkpoint import load_any
-    from vitdeploy.runners import artifact_kind
-
     if method not in METHODS:
         raise UsageError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
     if head_fusion not in HEAD_FUSIONS:
         raise UsageError(f"unknown head fusion {head_fusion!r}: choose one of {', '.join(HEAD_FUSIONS)}")
     if not 0.0 <= discard_ratio < 1.0:
         raise UsageError(f"--discard-ratio must be in [0, 1), not {discard_ratio}")
-    if artifact_kind(model) != "checkpoint":
-        raise UsageError(
-            f"{model}: attention maps need the PyTorch checkpoint the artifact came from "
-            "(its attention probabilities); pass --model ckpt.pth"
-        )
     paths: list[Path] = []
     for p in images:
         if not Path(p).exists():
@@ -302,16 +420,14 @@ def explain(
     if not paths:
         raise VitdeployError(f"no images in {', '.join(map(str, images))}: pass image files or folders of them")
 
-    ck = load_any(model)
-    net = ck.build()
-    pp: Preprocess = ck.manifest.pp()
-    labels = ck.manifest.labels
-    grid = net.cfg.grid_size
-    pool = net.cfg.pool
+    am = open_attention_model(model, threads)
+    pp: Preprocess = am.manifest.pp()
+    labels = am.manifest.labels
+    grid, pool = am.grid, am.pool
     out = Path(out_dir)
     names = output_names(paths, out)
     title = f"attention {method} · heads {head_fusion}" + (f" · discard {discard_ratio:g}" if discard_ratio else "")
-    title += f" · {Path(model).name}"
+    title += f" · {Path(model).name} ({am.manifest.precision}, {am.backend})"
     result = ExplainResult(method=method)
 
     for start in range(0, len(paths), batch_size):
@@ -326,11 +442,9 @@ def explain(
                 result.skipped.append((paths[i], str(e)))
         if not keep:
             continue
-        x = torch.from_numpy(np.stack([to_array(im, pp) for im in shown]))
-        with torch.inference_mode():
-            logits, attns = net.forward_with_attention(x)
-        heat = attention_map([a.float().numpy() for a in attns], grid, method, head_fusion, discard_ratio, pool)
-        probs = _softmax(logits.float().numpy())
+        logits, attns = am.forward(shown)
+        heat = attention_map(attns, grid, method, head_fusion, discard_ratio, pool)
+        probs = _softmax(logits.astype(np.float64))
         for j, i in enumerate(keep):
             order = np.argsort(-probs[j])[: max(1, top_k)]
             top = [(labels[c] if c < len(labels) else str(c), float(probs[j, c])) for c in order]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -14,17 +15,19 @@ from vitdeploy.errors import EXIT_PARTIAL
 @handle_errors
 def explain(
     images: list[Path] = typer.Argument(..., help="Image files or folders of them."),
-    model: Path = typer.Option(Path("ckpt.pth"), "--model", "-m", help="The checkpoint (attention comes from PyTorch)."),
+    model: Path = typer.Option(Path("ckpt.pth"), "--model", "-m", help="A checkpoint, or an ONNX model (FP32, FP16 or INT8: its own attention)."),
     out_dir: Path = typer.Option(Path("attention"), "--out", "-o", help="Folder for the PNGs (<image name>.attention.png)."),
     method: str = typer.Option("rollout", help="rollout (all blocks, Abnar & Zuidema 2020) or last-layer."),
     head_fusion: str = typer.Option("mean", help="How the heads of a block combine: mean, max or min."),
     discard_ratio: float = typer.Option(0.0, help="Share of the lowest attention weights zeroed per block, in [0, 1)."),
     top_k: int = typer.Option(3, help="Predictions shown in the caption."),
+    threads: Optional[int] = typer.Option(None, help="ONNX Runtime threads (default: one per core)."),
 ) -> None:
     """Draw where the model looked: the image, its attention map, and the top predictions, one PNG per image.
 
-    Works on the checkpoint (a quantized ONNX/engine copy has no attention outputs);
-    unreadable images are listed and skipped (exit 3).
+    Works on a checkpoint (PyTorch) and on its ONNX copies, quantized ones included
+    (ONNX Runtime, the attention of the deployed graph); unreadable images are listed
+    and skipped (exit 3).
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -39,7 +42,7 @@ def explain(
         task = prog.add_task("explain", total=total or None)
         result = run_explain(
             images, model=model, out_dir=out_dir, method=method, head_fusion=head_fusion,
-            discard_ratio=discard_ratio, top_k=top_k, on_image=lambda _e: prog.advance(task),
+            discard_ratio=discard_ratio, top_k=top_k, threads=threads, on_image=lambda _e: prog.advance(task),
         )
     for ex in result.explanations:
         best, score = ex.top[0]
