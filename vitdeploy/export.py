@@ -392,7 +392,8 @@ def _fix_io(model: onnx.ModelProto, num_classes: int, h: int, w: int) -> None:
     import onnx
 
     inp, out = model.graph.input[0], model.graph.output[0]
-    for vi, dims in ((inp, [BATCH_DIM, 3, h, w]), (out, [BATCH_DIM, num_classes])):
+    want: list[tuple[Any, list[str | int]]] = [(inp, [BATCH_DIM, 3, h, w]), (out, [BATCH_DIM, num_classes])]
+    for vi, dims in want:
         if vi.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
             raise VitdeployError(f"exported {vi.name} is not float32: re-run with --debug")
         shape = vi.type.tensor_type.shape
@@ -454,16 +455,23 @@ def _merge_attention_scale(model: onnx.ModelProto) -> int:
     return rewritten
 
 
-def _torch_export(model: torch.nn.Module, path: Path, h: int, w: int, opset: int) -> None:
+def _torch_export(model: torch.nn.Module, tmpdir: Path, h: int, w: int, opset: int) -> onnx.ModelProto:
+    """TorchScript export; in memory unless the weights need external data (over 2 GB)."""
+    import io
+
+    import onnx
     import torch
 
     x = torch.randn(2, 3, h, w)
-    with warnings.catch_warnings():
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    big = weight_bytes > EXTERNAL_DATA_THRESHOLD
+    target: Any = tmpdir / "raw.onnx" if big else io.BytesIO()
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             model,
             (x,),
-            str(path),
+            str(target) if big else target,
             input_names=[INPUT_NAME],
             output_names=[OUTPUT_NAME],
             opset_version=min(opset, TORCHSCRIPT_MAX_OPSET),
@@ -471,6 +479,12 @@ def _torch_export(model: torch.nn.Module, path: Path, h: int, w: int, opset: int
             do_constant_folding=True,
             dynamo=False,
         )
+    if not big:
+        return onnx.load_model_from_string(target.getvalue())
+    m = onnx.load(str(target))  # with the external data the exporter wrote beside it
+    for f in tmpdir.iterdir():
+        f.unlink()
+    return m
 
 
 def export_onnx(
@@ -491,7 +505,6 @@ def export_onnx(
     ``out`` untouched. ``verbose`` is kept for the CLI (node counts are always in the result).
     """
     import onnx
-    import torch
 
     from vitdeploy.checkpoint import load_any
 
@@ -521,12 +534,7 @@ def export_onnx(
     try:
         step("export", opset=opset)
         t = time.perf_counter()
-        raw = tmpdir / "raw.onnx"
-        with torch.inference_mode(False), torch.no_grad():
-            _torch_export(model, raw, h, w, opset)
-        m = onnx.load(str(raw))
-        for f in tmpdir.iterdir():
-            f.unlink()
+        m = _torch_export(model, tmpdir, h, w, opset)
         timings["export"] = time.perf_counter() - t
 
         step("clean")
