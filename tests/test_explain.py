@@ -275,7 +275,8 @@ def test_explain_unreadable_and_wrong_inputs(digits_ckpt: Path, digits_folder: P
 
 @pytest.fixture(scope="module")
 def onnx_copies(digits_ckpt: Path, digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The checkpoint's ONNX export and its FP16 and INT8 (Q/DQ, calibrated on 64 train digits) copies."""
+    """The checkpoint's ONNX export, its FP16 and INT8 (Q/DQ, calibrated on 64 train digits) copies, a raw-pixel one."""
+    from vitdeploy.embed import embed_preprocess
     from vitdeploy.export import export_onnx
     from vitdeploy.precision import calibrate, convert_fp16
 
@@ -284,7 +285,9 @@ def onnx_copies(digits_ckpt: Path, digits_folder: Path, tmp_path_factory: pytest
     export_onnx(digits_ckpt, fp32, check=False)
     fp16 = convert_fp16(fp32, root / "model.fp16.onnx")
     calibrate(fp32, digits_folder / "train", root / "model.int8.onnx", num_images=64)
-    return {"fp32": fp32, "fp16": fp16, "int8": root / "model.int8.onnx"}
+    # uint8 pixels in (NCHW), preprocessing and a final Softmax in the graph
+    raw = embed_preprocess(fp32, root / "model.raw.onnx", layout="nchw", softmax=True)
+    return {"fp32": fp32, "fp16": fp16, "int8": root / "model.int8.onnx", "raw": raw}
 
 
 def test_explain_onnx_copies_look_where_the_checkpoint_looks(digits_ckpt: Path, digits_folder: Path,
@@ -296,10 +299,10 @@ def test_explain_onnx_copies_look_where_the_checkpoint_looks(digits_ckpt: Path, 
     imgs = [sorted((digits_folder / "val" / str(c)).iterdir())[1] for c in range(10)]
     ref = explain(imgs, model=digits_ckpt, out_dir=tmp_path / "ckpt", method="rollout")
     ref_maps = np.stack([e.heatmap for e in ref.explanations])
-    limits = {"fp32": 1e-5, "fp16": 5e-3, "int8": 0.1}
+    limits = {"fp32": 1e-5, "fp16": 5e-3, "int8": 0.1, "raw": 1e-3}
     for prec, path in onnx_copies.items():
         m = onnx.load(str(path))
-        assert len(softmax_outputs(m)) == 4  # one per block of vit-digits
+        assert len(softmax_outputs(m)) == 4  # one per block of vit-digits (not the raw variant's final Softmax)
         if prec == "int8":
             assert any(n.op_type == "QuantizeLinear" for n in m.graph.node)
         r = explain(imgs, model=path, out_dir=tmp_path / prec)
@@ -308,9 +311,12 @@ def test_explain_onnx_copies_look_where_the_checkpoint_looks(digits_ckpt: Path, 
         assert diff < limits[prec], (prec, diff)
         for a, b in zip(maps, ref_maps, strict=True):
             assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.99, prec
-        for e in r.explanations:
+        for e, c in zip(r.explanations, ref.explanations, strict=True):
             with Image.open(e.output) as im:
                 assert im.size == png_size((32, 32))
+            assert e.top[0][0] == c.top[0][0] or prec == "int8"
+            if prec in ("fp32", "raw"):  # the caption's scores are the model's own, not a softmax of probabilities
+                assert abs(e.top[0][1] - c.top[0][1]) < 1e-3
     # the fp32 export's attention is the checkpoint's: the same numbers, not merely a similar picture
     fp32 = explain(imgs[:2], model=onnx_copies["fp32"], out_dir=tmp_path / "x", method="last-layer", head_fusion="max")
     ck = explain(imgs[:2], model=digits_ckpt, out_dir=tmp_path / "y", method="last-layer", head_fusion="max")

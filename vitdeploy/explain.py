@@ -305,8 +305,22 @@ def _torch_attention(path: Path) -> AttentionModel:
 
 
 def softmax_outputs(model: Any) -> list[str]:
-    """The attention probabilities of an exported ViT: the outputs of its Softmax nodes, in graph order."""
-    return [n.output[0] for n in model.graph.node if n.op_type == "Softmax"]
+    """The attention probabilities of an exported ViT: its Softmax nodes' outputs, in graph order.
+
+    A Softmax that makes a graph output (class probabilities added by ``export
+    --embed-preprocess --softmax``) is no attention and is left out.
+    """
+    outs = {o.name for o in model.graph.output}
+    return [n.output[0] for n in model.graph.node if n.op_type == "Softmax" and n.output[0] not in outs]
+
+
+def logits_output(model: Any) -> str:
+    """The logits tensor: the first graph output, or the input of the Softmax that turns it into probabilities."""
+    first = model.graph.output[0].name
+    for n in model.graph.node:
+        if n.op_type == "Softmax" and n.output[0] == first:
+            return str(n.input[0])
+    return str(first)
 
 
 def _onnx_attention(path: Path, threads: int | None = None) -> AttentionModel:
@@ -340,8 +354,9 @@ def _onnx_attention(path: Path, threads: int | None = None) -> AttentionModel:
         types = {v.name: v.type.tensor_type.elem_type for v in typed.graph.value_info}
     except Exception:  # noqa: BLE001 - a type is only a hint here
         types = {}
+    logits_name = logits_output(model)
     existing = {o.name for o in model.graph.output}
-    for n in names:
+    for n in [logits_name, *names]:
         if n not in existing:
             model.graph.output.append(onnx.helper.make_tensor_value_info(n, types.get(n) or onnx.TensorProto.FLOAT, None))
     try:
@@ -349,7 +364,6 @@ def _onnx_attention(path: Path, threads: int | None = None) -> AttentionModel:
     except Exception as e:
         raise VitdeployError(f"{path}: ONNX Runtime cannot load it ({str(e).splitlines()[0][:160]})") from None
     inp = session.get_inputs()[0]
-    logits_name = session.get_outputs()[0].name
     spec = manifest.extra.get("input") if isinstance(manifest.extra.get("input"), dict) else {}
     in_graph = bool(spec.get("preprocess_in_graph"))
     layout = str(spec.get("layout", "NHWC")).upper()
