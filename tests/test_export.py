@@ -259,3 +259,25 @@ def test_large_presets_export(preset: str, tmp_path: Path) -> None:
         assert r.external_data is None
     onnx.checker.check_model(str(r.path), full_check=True)
     assert graph_problems(m) == []
+
+
+def test_graph_problems_finds_dead_duplicate_and_foldable_nodes() -> None:
+    """The checker the graph tests rely on reports each kind of litter (so its [] means something)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    c = numpy_helper.from_array(np.ones(2, np.float32), "c")
+    nodes = [
+        helper.make_node("Add", ["x", "c"], ["a1"], name="a1"),
+        helper.make_node("Add", ["x", "c"], ["a2"], name="a2"),  # duplicate of a1
+        helper.make_node("Neg", ["c"], ["nc"], name="fold"),  # constant input only
+        helper.make_node("Mul", ["a1", "a2"], ["m"], name="m"),
+        helper.make_node("Add", ["m", "nc"], ["y"], name="out"),
+        helper.make_node("Relu", ["x"], ["unused"], name="dead"),
+    ]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [c]))
+    problems = " | ".join(graph_problems(m))
+    assert "1 dead node(s), e.g. Relu" in problems
+    assert "1 duplicated node(s)" in problems
+    assert "unfolded constant node(s): Neg" in problems
