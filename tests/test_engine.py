@@ -38,7 +38,8 @@ from vitdeploy.trt_compat import (
 )
 
 runner = CliRunner()
-HAS_PRECISION = importlib.util.find_spec("vitdeploy.precision") is not None
+HAS_PRECISION = (importlib.util.find_spec("vitdeploy.precision") is not None
+                 and importlib.util.find_spec("vitdeploy.export") is not None)
 
 
 # ---------------------------------------------------------------- a real (small) ONNX model with a manifest
@@ -298,6 +299,11 @@ def test_vitdeploy_line_builds_the_artifact_as_is() -> None:
                            Profile(1, 8, 32), "fp16")
     assert len(cmds) == 3 and cmds[0].startswith("vitdeploy build-engine model.fp16.onnx")
     assert "TensorRT 10+" in cmds[1] and "TensorRT 8.5/8.6" in cmds[2]
+    dla = finish_commands(Path("model.fp16.onnx"), Path("model.fp16.engine"), "pixel_values", [-1, 3, 32, 32],
+                          make_profile(1, 8, 32, dla_core=0), "fp16", dla_core=0)
+    assert [c.split(":")[0] for c in dla[1:]] == ["# or, TensorRT 11+", "# or, TensorRT 10.x", "# or, TensorRT 8.5/8.6"]
+    assert "--fp16" not in dla[1] and "--stronglyTyped" in dla[1]  # 11 has no precision flags
+    assert "--fp16" in dla[2] and "--fp16" in dla[3] and all("--useDLACore=0" in c for c in dla[1:])
 
 
 # ---------------------------------------------------------------- no TensorRT here: exit 3, honest and exact
@@ -377,7 +383,7 @@ def test_int8_without_calibration_folder_fails_before_any_work(folder: Path) -> 
     assert not (folder / "model.int8.onnx").exists()
 
 
-@pytest.mark.skipif(not HAS_PRECISION, reason="vitdeploy.precision (issue 4: calibrate, convert_fp16) has not landed")
+@pytest.mark.skipif(not HAS_PRECISION, reason="vitdeploy.precision (calibrate, convert_fp16) or vitdeploy.export is missing")
 @pytest.mark.parametrize("flags,artifact", [(["--fp16"], "model.fp16.onnx"), (["--int8", "--fp16"], "model.int8.onnx")])
 def test_precision_artifact_written_then_exit_3(flags: list[str], artifact: str, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch, digits_ckpt: Path,
@@ -400,6 +406,7 @@ def test_precision_artifact_written_then_exit_3(flags: list[str], artifact: str,
     m = read_manifest(tmp_path / artifact)
     assert m.precision == ("int8" if "--int8" in flags else "fp16")
     assert f"vitdeploy build-engine {artifact} " in r.stdout
+    assert f"wrote {artifact}: top-1 agreement with model.onnx" in r.stdout  # checked against FP32 under ONNX Runtime
     assert "--int8" not in r.stdout.splitlines()[1]  # the artifact carries the precision; 10+ builds it typed
 
 

@@ -59,15 +59,16 @@ class BuildResult:
     sidecar: Path
     artifact: Path
     record: dict[str, Any]
-    made_artifact: bool
+    made: dict[str, Any] | None  # what make_artifact did (None: the model was built as it is)
 
 
 class EngineNotBuilt(PartlyDone):
     """The precision artifact is written, the engine is not: ``missing`` says why, ``commands`` finish it."""
 
-    def __init__(self, artifact: Path, made_artifact: bool, missing: str, commands: list[str]) -> None:
+    def __init__(self, artifact: Path, made: dict[str, Any] | None, missing: str, commands: list[str]) -> None:
         self.artifact = artifact
-        self.made_artifact = made_artifact
+        self.made = made  # what make_artifact did (None: the model was built as it is)
+        self.made_artifact = made is not None
         self.missing = missing
         self.commands = commands
         super().__init__(f"{missing}: {artifact} is ready; build the engine on the target with: {commands[0]}")
@@ -193,21 +194,64 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
     return compile_engine(plan, env, profile, name, dims, o, emit, made)
 
 
-def make_artifact(plan: ArtifactPlan, calib: Path, emit: Event) -> bool:
-    """Write the FP16 or INT8 ONNX the engine is built from (verified by vitdeploy.precision); False if none was needed."""
+def make_artifact(plan: ArtifactPlan, calib: Path, emit: Event) -> dict[str, Any] | None:
+    """Write the FP16 or INT8 ONNX the engine is built from (vitdeploy.precision), then check it against its source.
+
+    Returns None when the artifact is built as it is; else what was made: skipped calibration images,
+    warnings, and the check (top-1 agreement and largest logit difference against the FP32 model on
+    the calibration images, under ONNX Runtime).
+    """
     if plan.make is None:
-        return False
+        return None
     try:
         precision = importlib.import_module("vitdeploy.precision")  # issue 4's module: calibrate, convert_fp16
     except ImportError:
         raise VitdeployError("this vitdeploy has no precision module: update vitdeploy") from None
     emit("artifact", {"kind": plan.make, "path": str(plan.artifact)})
+    made: dict[str, Any] = {"kind": plan.make, "path": str(plan.artifact), "skipped": [], "warnings": []}
     if plan.make == "int8":
-        precision.calibrate(plan.source, calib, plan.artifact, float_type="fp16")
+        res = precision.calibrate(plan.source, calib, plan.artifact, float_type="fp16",
+                                  progress=lambda kind, d: emit(kind, d))
+        made["skipped"] = [(str(p), why) for p, why in res.skipped]
+        made["warnings"] = list(res.warnings)
     else:
         precision.convert_fp16(plan.source, plan.artifact)
-    emit("artifact-done", {"kind": plan.make, "path": str(plan.artifact)})
-    return True
+    emit("check", {"path": str(plan.artifact)})
+    made["check"] = compare_artifacts(plan.source, plan.artifact, calib)
+    emit("artifact-done", made)
+    return made
+
+
+def compare_artifacts(reference: Path, candidate: Path, images: Path, limit: int = 64) -> dict[str, Any] | None:
+    """How closely ``candidate`` answers like ``reference`` on up to ``limit`` images (ONNX Runtime, CPU).
+
+    None where there are no images to compare on. Labels are not needed: this is agreement, not accuracy.
+    """
+    import numpy as np
+
+    from vitdeploy.images import iter_batches
+    from vitdeploy.preprocess import list_images
+    from vitdeploy.runners.onnxruntime import OnnxRuntimeRunner
+
+    files = list_images(images)[:limit] if Path(images).is_dir() else []
+    if not files:
+        return None
+    ref, cand = OnnxRuntimeRunner(reference), OnnxRuntimeRunner(candidate)
+    a: list[np.ndarray] = []
+    b: list[np.ndarray] = []
+    for batch in iter_batches(files, ref.manifest.pp(), 32):
+        if len(batch.array):
+            a.append(ref(batch.array))
+            b.append(cand(batch.array))
+    if not a:
+        return None
+    x, y = np.concatenate(a), np.concatenate(b)
+    return {
+        "images": int(len(x)),
+        "top1_agreement": float(np.mean(x.argmax(1) == y.argmax(1))),
+        "max_abs_logit_diff": float(np.max(np.abs(x - y))),
+        "against": Path(reference).name,
+    }
 
 
 def _logger(trt: Any) -> Any:
@@ -215,7 +259,7 @@ def _logger(trt: Any) -> Any:
 
 
 def compile_engine(plan: ArtifactPlan, env: TensorRTEnv, profile: Profile, input_name: str, dims: list[int],
-                   o: BuildOptions, emit: Event, made: bool = False) -> BuildResult:
+                   o: BuildOptions, emit: Event, made: dict[str, Any] | None = None) -> BuildResult:
     """Parse the artifact, build one plan, write it and its sidecar atomically (and the timing cache)."""
     import tensorrt as trt
 

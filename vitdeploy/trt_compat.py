@@ -325,17 +325,16 @@ def trtexec_command(artifact: Path, engine: Path, input_name: str, input_dims: t
 def finish_commands(artifact: Path, engine: Path, input_name: str, input_dims: tuple[int, ...] | list[int],
                     profile: Profile, precision: str, workspace: float | None = None, timing_cache: Path | None = None,
                     dla_core: int | None = None, version_compatible: bool = False) -> list[str]:
-    """The lines that finish the job on the target: vitdeploy (writes the sidecar), then trtexec for 10+ and 8.5/8.6."""
+    """The lines that finish the job on the target: vitdeploy (writes the sidecar), then trtexec per TensorRT version."""
     kw: dict[str, Any] = {"workspace": workspace, "timing_cache": timing_cache, "dla_core": dla_core,
                           "version_compatible": version_compatible}
     lines = [vitdeploy_command(artifact, engine, profile, **kw)]
-    lines.append("# or, TensorRT 10+:  " + trtexec_command(artifact, engine, input_name, input_dims, profile, precision,
-                                                           "10.0", **kw))
-    kw8 = dict(kw)
-    if version_compatible:
-        lines.append("# or, TensorRT 8.6:  " + trtexec_command(artifact, engine, input_name, input_dims, profile,
-                                                               precision, "8.6", **kw8))
-    else:
-        lines.append("# or, TensorRT 8.5/8.6:  " + trtexec_command(artifact, engine, input_name, input_dims, profile,
-                                                                   precision, "8.5", **kw8))
+    if dla_core is None:
+        variants = [("TensorRT 10+", "10.0")]
+    else:  # DLA builds are weakly typed with precision flags on 9/10, strongly typed on 11 (no flags exist there)
+        variants = [("TensorRT 11+", "11.0"), ("TensorRT 10.x", "10.0")]
+    variants.append(("TensorRT 8.6", "8.6") if version_compatible else ("TensorRT 8.5/8.6", "8.5"))
+    for label, version in variants:
+        cmd = trtexec_command(artifact, engine, input_name, input_dims, profile, precision, version, **kw)
+        lines.append(f"# or, {label}:  {cmd}")
     return lines

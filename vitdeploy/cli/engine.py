@@ -32,7 +32,7 @@ def build_engine(
 
     Without TensorRT or a CUDA GPU the precision artifact is still written, the commands that finish the job on the target are printed, and the exit code is 3.
     """
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from vitdeploy.engine import BuildOptions, EngineNotBuilt
     from vitdeploy.engine import build_engine as run_build
@@ -42,18 +42,23 @@ def build_engine(
         workspace=workspace, timing_cache=timing_cache, dla_core=dla_core, version_compatible=version_compatible,
         out=out,
     )
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
-                  transient=True) as prog:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console, transient=True) as prog:
         task = prog.add_task("build-engine", total=None)
 
         def on_event(kind: str, d: dict) -> None:
             if kind == "artifact":
                 what = "calibrating INT8" if d["kind"] == "int8" else "converting to FP16"
-                prog.update(task, description=f"{what} → {d['path']}")
+                prog.update(task, description=f"{what} → {d['path']}", total=None)
+            elif kind == "calibrate":
+                prog.update(task, total=d["total"], completed=d["done"])
+            elif kind == "check":
+                prog.update(task, description=f"checking {d['path']} against {model.name}", total=None, completed=0)
             elif kind == "artifact-done":
-                prog.console.print(f"wrote {d['path']}", highlight=False)
+                report_artifact(d)
             elif kind == "build":
-                prog.update(task, description=f"TensorRT {d['tensorrt']} building {d['engine']} (minutes)")
+                prog.update(task, description=f"TensorRT {d['tensorrt']} building {d['engine']} (minutes)",
+                            total=None, completed=0)
 
         try:
             result = run_build(model, opts, on_event)
@@ -67,8 +72,28 @@ def build_engine(
             raise typer.Exit(EXIT_PARTIAL) from None
     rec = result.record
     console.print(
-        f"built {result.engine} ({rec['tensorrt']}, {rec['gpu']} sm_{rec['compute_capability'].replace('.', '')}, "
+        f"built {result.engine} (TensorRT {rec['tensorrt']}, {rec['gpu']} sm_{rec['compute_capability'].replace('.', '')}, "
         f"batch {rec['options']['min_batch']}–{rec['options']['max_batch']}) in {rec['build_seconds']:.0f} s; "
         f"sidecar {result.sidecar.name}",
         highlight=False,
     )
+    if result.made and result.made["skipped"]:
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def report_artifact(made: dict) -> None:
+    """What the precision step wrote, and how closely it answers like the FP32 model."""
+    for path, why in made["skipped"]:
+        err_console.print(f"skipped {path}: {why}", highlight=False, soft_wrap=True)
+    for w in made["warnings"]:
+        err_console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+    out = console
+    c = made.get("check")
+    if c:
+        out.print(
+            f"wrote {made['path']}: top-1 agreement with {c['against']} {c['top1_agreement']:.2%} on {c['images']} "
+            f"calibration images, largest logit difference {c['max_abs_logit_diff']:.3g} (ONNX Runtime)",
+            highlight=False, soft_wrap=True,
+        )
+    else:
+        out.print(f"wrote {made['path']} (no images to check it on)", highlight=False, soft_wrap=True)
