@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import ctypes
 import importlib.util
 import json
 import os
@@ -10,6 +11,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -404,3 +406,141 @@ def test_cli_bundle_from_folder_defaults_with_noise_references(artifacts: Path, 
     assert r.exit_code == 0 and len(list((work / "bundle" / "reference" / "images").iterdir())) == 2
     img = Image.open(next((work / "bundle" / "reference" / "images").iterdir()))
     assert img.size == (32, 32)
+
+
+# --- run.py's TensorRT path, against a **mock** of TensorRT and of libcudart (neither can exist here) ----------
+
+
+def _load_run_py(path: Path):  # noqa: ANN202
+    spec = importlib.util.spec_from_file_location(f"bundle_run_{abs(hash(path))}", path)
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class HostCuda:
+    """libcudart stand-in: 'device' buffers are host buffers, copies are memmoves."""
+
+    H2D, D2H = 1, 2
+
+    def __init__(self) -> None:
+        self.buffers: dict[int, ctypes.Array] = {}
+        self.copies: list[int] = []
+
+    def malloc(self, n: int) -> int:
+        buf = (ctypes.c_uint8 * max(n, 1))()
+        self.buffers[ctypes.addressof(buf)] = buf
+        return ctypes.addressof(buf)
+
+    def free(self, p: int) -> None:
+        del self.buffers[p]
+
+    def stream(self) -> int:
+        return 0
+
+    def copy(self, dst: int, src: int, n: int, kind: int, stream: int) -> None:
+        self.copies.append(kind)
+        ctypes.memmove(dst, src, n)
+
+    def sync(self, stream: int) -> None:
+        pass
+
+
+def fake_tensorrt(max_batch: int) -> types.ModuleType:
+    """Only the calls run.py makes (the API TensorRT 8.5 … 11 share); the 'engine' runs its ONNX on ONNX Runtime."""
+    import onnxruntime as ort
+
+    trt = types.ModuleType("tensorrt")
+    np_of = {"tensor(uint8)": np.uint8, "tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+    class Logger:
+        WARNING = 2
+
+        def __init__(self, level: int) -> None:
+            pass
+
+    class TensorIOMode:
+        INPUT, OUTPUT = "input", "output"
+
+    class Context:
+        def __init__(self, engine: Engine) -> None:
+            self.e, self.shape, self.addr = engine, None, {}
+
+        def set_input_shape(self, name: str, shape: tuple) -> bool:
+            assert name == self.e.inp.name and len(shape) == 4 and shape[0] <= max_batch
+            self.shape = tuple(shape)
+            return True
+
+        def get_tensor_shape(self, name: str) -> tuple:
+            return (self.shape[0], self.e.out.shape[1])
+
+        def set_tensor_address(self, name: str, ptr: int) -> bool:
+            self.addr[name] = ptr
+            return True
+
+        def execute_async_v3(self, stream: int) -> bool:
+            dt = np.dtype(np_of[self.e.inp.type])
+            n = int(np.prod(self.shape)) * dt.itemsize
+            x = np.frombuffer(ctypes.string_at(self.addr[self.e.inp.name], n), dt).reshape(self.shape)
+            y = np.ascontiguousarray(self.e.session.run(None, {self.e.inp.name: x})[0], np.float32)
+            ctypes.memmove(self.addr[self.e.out.name], y.ctypes.data, y.nbytes)
+            return True
+
+    class Engine:
+        num_io_tensors = 2
+
+        def __init__(self, onnx_path: str) -> None:
+            self.session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+            self.inp, self.out = self.session.get_inputs()[0], self.session.get_outputs()[0]
+
+        def get_tensor_name(self, i: int) -> str:
+            return [self.inp.name, self.out.name][i]
+
+        def get_tensor_mode(self, name: str) -> str:
+            return TensorIOMode.INPUT if name == self.inp.name else TensorIOMode.OUTPUT
+
+        def get_tensor_dtype(self, name: str) -> str:
+            return self.inp.type if name == self.inp.name else "tensor(float)"
+
+        def get_tensor_profile_shape(self, name: str, profile: int) -> tuple:
+            s = tuple(self.inp.shape[1:])
+            return ((1, *s), (max_batch, *s), (max_batch, *s))
+
+        def create_execution_context(self) -> Context:
+            return Context(self)
+
+    class Runtime:
+        def __init__(self, logger: Logger) -> None:
+            pass
+
+        def deserialize_cuda_engine(self, data: bytes) -> Engine:
+            return Engine(data.decode())
+
+    trt.Logger, trt.TensorIOMode, trt.Runtime = Logger, TensorIOMode, Runtime
+    trt.nptype = lambda t: np_of[t]
+    trt.__version__ = "10.3.0"
+    return trt
+
+
+def test_run_py_tensorrt_path_with_mock_tensorrt(bundle_dir: Path, digits_folder: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    b = tmp_path / "bundle"
+    shutil.copytree(bundle_dir, b)
+    (b / "model.int8.raw.engine").write_bytes(str(b / "model.int8.raw.onnx").encode())  # what build_engine.sh writes
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(max_batch=5))
+    mod = _load_run_py(b / "run.py")
+    cuda = HostCuda()
+    monkeypatch.setattr(mod, "CudaRT", lambda: cuda)
+    assert mod.main(["--check", "--json", "--batch", "8"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["backend"] == "tensorrt" and res["ok"] and res["max_rel_diff"] == 0.0 and res["images"] == 12
+    assert cuda.copies.count(cuda.H2D) == 3 and not cuda.buffers  # 12 images in batches of ≤ 5; every buffer freed
+    images = digits_folder / "val" / "5"
+    assert mod.main([str(images), "--json"]) == 0
+    on_trt = [json.loads(line)["label"] for line in capsys.readouterr().out.splitlines()]
+    assert mod.main([str(images), "--json", "--backend", "onnxruntime"]) == 0
+    on_ort = [json.loads(line)["label"] for line in capsys.readouterr().out.splitlines()]
+    assert on_trt == on_ort and len(on_trt) == len(list_images(images))
+    with pytest.raises(SystemExit, match="no engine model.engine"):
+        mod.main(["--check", "--backend", "tensorrt", "--model", "model.onnx"])
