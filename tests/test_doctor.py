@@ -88,3 +88,4 @@ def test_command_support_with_a_gpu_and_tensorrt() -> None:
     rows = {r["command"]: r["works"] for r in command_support(
         {"onnx": "1.16"}, {"available": True}, {"available": True}, {"available": False})}
     assert rows["train"] == "no" and rows["export"] == "no" and rows["build-engine"] == "partly"
+    assert rows["calibrate / convert-fp16"] == "yes" and rows["import / explain"] == "no"

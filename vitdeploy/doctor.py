@@ -225,8 +225,9 @@ def command_support(pk: dict[str, str | None], ort_info: dict[str, Any], trt: di
         rows.append((cmd, state, partly_why if state == "partly" else (why_ok if ok else why_not)))
 
     add("train", torch, "needs torch", partly=torch and not gpu, partly_why="CPU only (no CUDA GPU)", why_ok="CPU and CUDA")
+    add("import / explain", torch, "needs torch", why_ok="Hugging Face / timm checkpoints, attention maps")
     add("export", torch and onnx_ok, "needs torch and onnx", why_ok="checkpoint → ONNX")
-    add("calibrate / fp16", onnx_ok and ort_ok, "needs onnx and onnxruntime", why_ok="INT8 Q/DQ and FP16 ONNX, measured on ONNX Runtime")
+    add("calibrate / convert-fp16", onnx_ok and ort_ok, "needs onnx and onnxruntime", why_ok="INT8 Q/DQ and FP16 ONNX, measured on ONNX Runtime")
     add("build-engine", onnx_ok, "needs onnx", partly=not engine_ok,
         partly_why=f"writes the INT8/FP16 ONNX, not the engine ({engine_why}): exit 3", why_ok="TensorRT engine for this GPU")
     runs = [n for n, ok in (("checkpoints", torch), ("ONNX", ort_ok), ("engines", engine_ok)) if ok]
