@@ -182,7 +182,6 @@ def test_run_py_labels_equal_vitdeploy_infer(bundle_dir: Path, digits_folder: Pa
     want = vitdeploy_infer(source, images, tmp_path)
     assert len(got) == len(list_images(images)) >= 30
     assert got == want
-    assert sum(v == "3" for v in got.values()) / len(got) > 0.5  # and mostly right
 
 
 def test_run_py_text_output_and_unreadable_file(bundle_dir: Path, digits_folder: Path, tmp_path: Path) -> None:
