@@ -340,3 +340,41 @@ def test_explain_onnx_does_not_import_torch(onnx_copies: dict[str, Path], photo_
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert Path(out.stdout.strip()).is_file()
+
+
+def test_explain_compare_measures_how_closely_copies_follow(digits_ckpt: Path, digits_folder: Path,
+                                                            onnx_copies: dict[str, Path], tmp_path: Path) -> None:
+    import json
+
+    imgs = [sorted((digits_folder / "val" / str(c)).iterdir())[2] for c in (1, 4, 9)]
+    out, js = tmp_path / "maps", tmp_path / "cmp.json"
+    res = runner.invoke(app, ["explain", *map(str, imgs), "--model", str(digits_ckpt), "-o", str(out),
+                              "--compare", str(onnx_copies["fp32"]), "--compare", str(onnx_copies["int8"]),
+                              "--json", str(js)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(js.read_text())
+    fp32, int8 = doc["results"]
+    assert fp32["precision"] == "fp32" and int8["precision"] == "int8" and fp32["images"] == 3
+    assert fp32["max_abs_diff"] < 1e-5 and fp32["top1_agreement"] == 1.0 and fp32["min_correlation"] > 0.99999
+    assert 0 < int8["max_abs_diff"] < 0.1 and int8["min_correlation"] > 0.99
+    assert len(list((out / "model").glob("*.attention.png"))) == 3
+    assert len(list((out / "model.int8").glob("*.attention.png"))) == 3
+    # --json without --compare is a usage error
+    res = runner.invoke(app, ["explain", str(imgs[0]), "--model", str(digits_ckpt), "-o", str(out), "--json", str(js)])
+    assert res.exit_code == 2
+
+
+def test_compare_maps_numbers(tmp_path: Path) -> None:
+    from vitdeploy.explain import ExplainResult, Explanation, compare_maps
+
+    a = np.array([[0.0, 1.0], [0.5, 0.25]], np.float32)
+    b = a.copy()
+    b[1, 1] = 0.5
+    ref = ExplainResult([Explanation(Path("x.png"), tmp_path / "r", a, [("3", 0.9)]),
+                         Explanation(Path("y.png"), tmp_path / "r2", a, [("1", 0.9)])])
+    cand = ExplainResult([Explanation(Path("x.png"), tmp_path / "c", b, [("3", 0.8)]),
+                          Explanation(Path("y.png"), tmp_path / "c2", a, [("7", 0.6)])], model="m.onnx")
+    r = compare_maps(ref, cand)
+    assert r.images == 2 and r.top1_agreement == 0.5
+    assert r.max_abs_diff == pytest.approx(0.25) and r.mean_abs_diff == pytest.approx(0.25 / 4 / 2)
+    assert r.min_correlation == pytest.approx(np.corrcoef(a.ravel(), b.ravel())[0, 1]) and r.mean_correlation < 1

@@ -238,6 +238,55 @@ class ExplainResult:
     explanations: list[Explanation] = field(default_factory=list)
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     method: str = "rollout"
+    model: str = ""
+    precision: str = "fp32"
+    backend: str = "torch"
+
+
+@dataclass
+class MapAgreement:
+    """How closely a copy's maps follow the reference's on the same images (maps in [0, 1])."""
+
+    model: str
+    precision: str
+    backend: str
+    images: int
+    top1_agreement: float
+    max_abs_diff: float
+    mean_abs_diff: float
+    min_correlation: float
+    mean_correlation: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _correlation(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    if a.std() == 0 or b.std() == 0:
+        return 1.0 if np.array_equal(a, b) else 0.0
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def compare_maps(reference: ExplainResult, candidate: ExplainResult) -> MapAgreement:
+    """Per image |Δ| and Pearson correlation of the two maps, and whether the top-1 labels agree."""
+    ref = {e.source: e for e in reference.explanations}
+    pairs = [(ref[e.source], e) for e in candidate.explanations if e.source in ref]
+    if not pairs:
+        raise VitdeployError("no image was explained by both models")
+    diffs = [np.abs(c.heatmap - r.heatmap) for r, c in pairs]
+    corr = [_correlation(r.heatmap, c.heatmap) for r, c in pairs]
+    return MapAgreement(
+        model=candidate.model,
+        precision=candidate.precision,
+        backend=candidate.backend,
+        images=len(pairs),
+        top1_agreement=float(np.mean([r.top[0][0] == c.top[0][0] for r, c in pairs])),
+        max_abs_diff=float(max(d.max() for d in diffs)),
+        mean_abs_diff=float(np.mean([d.mean() for d in diffs])),
+        min_correlation=float(min(corr)),
+        mean_correlation=float(np.mean(corr)),
+    )
 
 
 def output_names(paths: Sequence[Path], out_dir: Path, suffix: str = ".attention.png") -> list[Path]:
@@ -364,7 +413,8 @@ def _onnx_attention(path: Path, threads: int | None = None) -> AttentionModel:
     except Exception as e:
         raise VitdeployError(f"{path}: ONNX Runtime cannot load it ({str(e).splitlines()[0][:160]})") from None
     inp = session.get_inputs()[0]
-    spec = manifest.extra.get("input") if isinstance(manifest.extra.get("input"), dict) else {}
+    raw_spec = manifest.extra.get("input")
+    spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
     in_graph = bool(spec.get("preprocess_in_graph"))
     layout = str(spec.get("layout", "NHWC")).upper()
     dtype = np.uint8 if spec.get("dtype", "uint8") == "uint8" else np.float32
@@ -442,7 +492,7 @@ def explain(
     names = output_names(paths, out)
     title = f"attention {method} · heads {head_fusion}" + (f" · discard {discard_ratio:g}" if discard_ratio else "")
     title += f" · {Path(model).name} ({am.manifest.precision}, {am.backend})"
-    result = ExplainResult(method=method)
+    result = ExplainResult(method=method, model=str(model), precision=am.manifest.precision, backend=am.backend)
 
     for start in range(0, len(paths), batch_size):
         chunk = list(range(start, min(start + batch_size, len(paths))))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Optional
 
@@ -9,6 +10,8 @@ import typer
 
 from vitdeploy.cli.app import app, console, err_console, handle_errors
 from vitdeploy.errors import EXIT_PARTIAL
+
+SHOW = 20  # images listed one per line; the rest are counted
 
 
 @app.command()
@@ -22,6 +25,8 @@ def explain(
     discard_ratio: float = typer.Option(0.0, help="Share of the lowest attention weights zeroed per block, in [0, 1)."),
     top_k: int = typer.Option(3, help="Predictions shown in the caption."),
     threads: Optional[int] = typer.Option(None, help="ONNX Runtime threads (default: one per core)."),
+    compare: Optional[list[Path]] = typer.Option(None, "--compare", help="Also explain this copy (e.g. model.int8.onnx; repeatable) into DIR/<its name>/ and measure how closely its maps follow --model's."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="With --compare: write the comparison to FILE."),
 ) -> None:
     """Draw where the model looked: the image, its attention map, and the top predictions, one PNG per image.
 
@@ -31,25 +36,58 @@ def explain(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from vitdeploy.explain import compare_maps
     from vitdeploy.explain import explain as run_explain
     from vitdeploy.preprocess import list_images
 
     total = sum(len(list_images(p)) or (1 if p.is_file() else 0) for p in images if p.exists())
+    others = list(compare or [])
+    dirs = [out_dir / (c.name[: -len(c.suffix)] if c.suffix else c.name) for c in others]
     with Progress(
         TextColumn("[bold]explain"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=err_console, transient=True,
     ) as prog:
-        task = prog.add_task("explain", total=total or None)
-        result = run_explain(
-            images, model=model, out_dir=out_dir, method=method, head_fusion=head_fusion,
-            discard_ratio=discard_ratio, top_k=top_k, threads=threads, on_image=lambda _e: prog.advance(task),
+        task = prog.add_task("explain", total=(total * (1 + len(others))) or None)
+        run = functools.partial(
+            run_explain, images, method=method, head_fusion=head_fusion, discard_ratio=discard_ratio,
+            top_k=top_k, threads=threads, on_image=lambda _e: prog.advance(task),
         )
-    for ex in result.explanations:
+        result = run(model=model, out_dir=out_dir)
+        copies = [run(model=c, out_dir=d) for c, d in zip(others, dirs, strict=True)]
+    for ex in result.explanations[:SHOW]:
         best, score = ex.top[0]
         console.print(f"{ex.source} → {ex.output}  ({best} {score:.1%})", highlight=False)
+    if len(result.explanations) > SHOW:
+        console.print(f"… and {len(result.explanations) - SHOW} more", highlight=False)
     for path, why in result.skipped:
         err_console.print(f"skipped {path}: {why}", highlight=False)
     console.print(f"{len(result.explanations)} attention map(s) in {out_dir}/", highlight=False)
+    if copies:
+        from rich.table import Table
+
+        rows = [compare_maps(result, c) for c in copies]
+        t = Table(title=f"{method} maps (scaled to [0, 1]) against {model.name}", show_edge=False)
+        for col in ("model", "images", "top-1 agree", "max |Δ|", "mean |Δ|", "min corr", "mean corr"):
+            t.add_column(col, justify="left" if col == "model" else "right")
+        for r in rows:
+            t.add_row(f"{Path(r.model).name} ({r.precision})", str(r.images), f"{r.top1_agreement:.1%}",
+                      f"{r.max_abs_diff:.2e}", f"{r.mean_abs_diff:.2e}", f"{r.min_correlation:.4f}",
+                      f"{r.mean_correlation:.4f}")
+        console.print(t)
+        for r, d in zip(rows, dirs, strict=True):
+            console.print(f"maps of {r.model} in {d}/", highlight=False)
+        if json_out is not None:
+            import json
+
+            from vitdeploy.fileio import write_text_atomic
+
+            doc = {"reference": str(model), "method": method, "head_fusion": head_fusion,
+                   "discard_ratio": discard_ratio, "results": [r.to_dict() for r in rows]}
+            write_text_atomic(json_out, json.dumps(doc, indent=2) + "\n")
+    elif json_out is not None:
+        from vitdeploy.errors import UsageError
+
+        raise UsageError("--json writes the --compare results: pass --compare MODEL too")
     if result.skipped:
         err_console.print(f"{len(result.skipped)} unreadable image(s) skipped")
         raise typer.Exit(EXIT_PARTIAL)
