@@ -199,7 +199,7 @@ def test_cli_export_embed_preprocess(digits_ckpt: Path, digits_folder: Path, tmp
     r = CliRunner().invoke(app, ["export", str(digits_ckpt), "-o", str(out), "--no-check", "--embed-preprocess"])
     assert r.exit_code == 0, r.output
     raw = tmp_path / "model.raw.onnx"
-    assert raw.is_file() and "model.raw.onnx" in r.output
+    assert raw.is_file() and "model.raw.onnx" in r.output and "[batch, H, W, 3]" in r.output
     assert read_onnx_manifest(out).extra["raw_variant"] == "model.raw.onnx"  # the export names its variant
     man = read_onnx_manifest(raw)
     assert man.source["sha256"] == sha256_file(out) and "raw_variant" not in man.extra

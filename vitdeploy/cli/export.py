@@ -72,4 +72,4 @@ def export(
 
         record_raw_variant(result.path, raw_variant_name(result.path.name))
         raw = embed(result.path)
-        console.print(f"wrote {raw} (uint8 RGB [batch, H, W, 3] in, preprocessing in the graph)", highlight=False)
+        console.print(f"wrote {raw} (uint8 RGB [batch, H, W, 3] in, preprocessing in the graph)", highlight=False, markup=False)
