@@ -42,12 +42,89 @@ def to_fp16(model: Any, keep_fp32_nodes: list[str] | None = None) -> Any:
     block = list(DEFAULT_OP_BLOCK_LIST) + FP32_OPS
     if opset_of(model) < 19:
         block += QDQ_OPS
-    return convert_float_to_float16(
+    m16 = convert_float_to_float16(
         model,
         keep_io_types=True,
         op_block_list=block,
         node_block_list=list(keep_fp32_nodes or []),
     )
+    drop_cast_round_trips(m16)
+    toposort(m16)
+    return m16
+
+
+def toposort(model: Any) -> None:
+    """Order the nodes so every input is produced before it is read (the converter appends its Casts at the end;
+    the ONNX checker and TensorRT's parser want a sorted graph)."""
+    g = model.graph
+    known = {i.name for i in g.input} | {i.name for i in g.initializer} | {""}
+    pending = list(g.node)
+    ordered: list[Any] = []
+    while pending:
+        rest = []
+        for n in pending:
+            if all(i in known for i in n.input):
+                ordered.append(n)
+                known.update(n.output)
+            else:
+                rest.append(n)
+        if len(rest) == len(pending):
+            raise ValueError(f"graph has a cycle or a missing input at {rest[0].name}")
+        pending = rest
+    g.ClearField("node")
+    g.node.extend(ordered)
+
+
+def drop_cast_round_trips(model: Any) -> int:
+    """Remove float32 → Cast(float16) → Cast(float32) chains between two float32 nodes (lossy and useless).
+
+    The converter casts every blocked node's output to float16 and every blocked node's input back to float32,
+    so two float32 islands side by side (LayerNorm → QuantizeLinear, DequantizeLinear → MatMul) get a round trip
+    that would also keep TensorRT from fusing DequantizeLinear into its MatMul. Returns the number removed.
+    """
+    from onnx import TensorProto
+
+    g = model.graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.input) + list(g.output)}
+    types.update({i.name: i.data_type for i in g.initializer})
+    producer = {o: n for n in g.node for o in n.output}
+
+    def cast_to(n: Any) -> int | None:
+        return next((a.i for a in n.attribute if a.name == "to"), None) if n.op_type == "Cast" else None
+
+    rename: dict[str, str] = {}
+    for n in g.node:
+        if cast_to(n) != TensorProto.FLOAT:
+            continue
+        first = producer.get(n.input[0])
+        if first is None or cast_to(first) != TensorProto.FLOAT16:
+            continue
+        src = first.input[0]
+        src_node = producer.get(src)
+        src_type = types.get(src)
+        if src_type is None and src_node is not None and cast_to(src_node) is not None:
+            src_type = cast_to(src_node)
+        if src_type == TensorProto.FLOAT:
+            rename[n.output[0]] = src
+    if not rename:
+        return 0
+    outputs = {o.name for o in g.output}
+    for n in g.node:
+        for i, name in enumerate(n.input):
+            if name in rename:
+                n.input[i] = rename[name]
+    for o in list(outputs & set(rename)):  # a graph output keeps its name: leave that Cast in place
+        del rename[o]
+    used = {i for n in g.node for i in n.input} | outputs
+    changed = True
+    while changed:  # drop Casts nothing reads any more
+        keep = [n for n in g.node if n.op_type != "Cast" or n.output[0] in used]
+        changed = len(keep) != len(g.node)
+        if changed:
+            g.ClearField("node")
+            g.node.extend(keep)
+            used = {i for n in g.node for i in n.input} | outputs
+    return len(rename)
 
 
 def fp32_islands(model: Any) -> list[str]:

@@ -124,10 +124,12 @@ class GuardResult:
     max_drop: float | None
     sensitivity: dict[str, float]
     met: bool
+    min_agreement: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "max_drop_points": self.max_drop,
+            "min_agreement": self.min_agreement,
             "met": self.met,
             "excluded": self.excluded,
             "before": self.before.to_dict(),
@@ -143,17 +145,23 @@ def guard(
     fp32_logits: np.ndarray,
     max_drop: float | None,
     progress: Callable[[str, dict[str, Any]], None] | None = None,
+    min_agreement: float | None = None,
 ) -> tuple[Any, GuardResult]:
-    """Exclude the most sensitive layers until the top-1 drop is within ``max_drop`` points.
+    """Exclude the most sensitive layers until the top-1 drop is within ``max_drop`` points
+    (and, with ``min_agreement``, the top-1 agreement with FP32 at least that fraction).
 
     ``build(excluded)`` returns the INT8 ModelProto with those layers left in float.
     Returns the final model and what was done; ``met`` is False when even
     excluding every layer did not meet the budget.
     """
+
+    def ok(f: Figures) -> bool:
+        return (max_drop is None or f.drop_points <= max_drop) and (min_agreement is None or f.agreement >= min_agreement)
+
     model = build([])
     first = figures(fp32_logits, logits(model, ev.x), ev.y)
-    if max_drop is None or first.drop_points <= max_drop:
-        return model, GuardResult([], first, first, max_drop, {}, max_drop is None or first.drop_points <= max_drop)
+    if ok(first):
+        return model, GuardResult([], first, first, max_drop, {}, True, min_agreement)
     # per-layer sensitivity: only that layer quantized, mean squared logit error against FP32 on a subset
     n = min(len(ev.x), SENSITIVITY_IMAGES)
     xs, ref = ev.x[:n], fp32_logits[:n]
@@ -172,6 +180,6 @@ def guard(
             progress("exclude", {"done": len(excluded), "total": len(order), "layer": name})
         model = build(list(excluded))
         last = figures(fp32_logits, logits(model, ev.x), ev.y)
-        if last.drop_points <= max_drop:
-            return model, GuardResult(excluded, first, last, max_drop, sens, True)
-    return model, GuardResult(excluded, first, last, max_drop, sens, False)
+        if ok(last):
+            return model, GuardResult(excluded, first, last, max_drop, sens, True, min_agreement)
+    return model, GuardResult(excluded, first, last, max_drop, sens, False, min_agreement)

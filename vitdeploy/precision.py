@@ -22,7 +22,7 @@ from vitdeploy.fileio import atomic_path, sha256_file, write_text_atomic
 from vitdeploy.manifest import Manifest, read_onnx_manifest, set_onnx_manifest, tool_versions
 
 # Defaults chosen by measurement on the digits model (see README "calibrate"):
-DEFAULT_METHOD = "percentile"
+DEFAULT_METHOD = "entropy"
 DEFAULT_QUANTIZE_ATTENTION = False
 FEW_IMAGES = 100
 FLOAT_TYPES = ("fp32", "fp16")
@@ -211,13 +211,15 @@ def calibrate(
     max_drop: float | None = None,
     eval_dir: str | Path | None = None,
     progress: Progress | None = None,
+    min_agreement: float | None = None,
 ) -> CalibrationResult:
     """Quantize an FP32 ONNX model to explicit int8 Q/DQ from calibration images; optionally guard its accuracy.
 
     ``float_type``: the type of everything left unquantized (fp32 for ONNX Runtime
     on a CPU, fp16 for a TensorRT build). With ``eval_dir`` the INT8 model's top-1
     is measured against the FP32 model's; with ``max_drop`` too, the layers that
-    cost most are kept in float until the drop fits. Raises VitdeployError (exit 1)
+    cost most are kept in float until the drop fits (and, with ``min_agreement``, the
+    top-1 agreement with FP32 reaches that fraction). Raises VitdeployError (exit 1)
     when it cannot, after writing nothing.
     """
     from vitdeploy.fp16 import opset_of, to_fp16
@@ -237,8 +239,10 @@ def calibrate(
         raise VitdeployError(f"--float must be fp32 or fp16, not {float_type!r}")
     if batch_size < 1:
         raise VitdeployError("--batch-size must be at least 1")
-    if max_drop is not None and eval_dir is None:
-        raise VitdeployError("--max-drop needs --eval DIR (labeled images to measure the drop on)")
+    if (max_drop is not None or min_agreement is not None) and eval_dir is None:
+        raise VitdeployError("--max-drop/--min-agreement need --eval DIR (labeled images to measure the drop on)")
+    if min_agreement is not None and not 0.0 <= min_agreement <= 1.0:
+        raise VitdeployError(f"--min-agreement is a fraction from 0 to 1, not {min_agreement}")
     src = Path(model_onnx)
     model, manifest = _load(src)
     if manifest.precision == "int8" or is_quantized(model):
@@ -291,7 +295,7 @@ def calibrate(
             progress("evaluate", {})
         ev = load_eval_set(eval_dir, manifest)
         ref = logits(model, ev.x)
-        qmodel, g = guard(build, [la.node for la in layers], ev, ref, max_drop, progress)
+        qmodel, g = guard(build, [la.node for la in layers], ev, ref, max_drop, progress, min_agreement)
         excluded, met = g.excluded, g.met
         figs = g.after.to_dict()
         guard_info = g.to_dict()
@@ -299,10 +303,14 @@ def calibrate(
     else:
         qmodel = build([])
     if not met:
-        g_after = guard_info["after"] if guard_info else {}
+        a = guard_info["after"] if guard_info else {}
+        want = " and ".join(
+            ([f"--max-drop {max_drop}"] if max_drop is not None else [])
+            + ([f"--min-agreement {min_agreement}"] if min_agreement is not None else [])
+        )
         raise VitdeployError(
-            f"INT8 top-1 drop {g_after.get('drop_points')} points exceeds --max-drop {max_drop} even with all "
-            f"{len(excluded)} quantized layers kept in float: nothing written; raise --max-drop or use FP16"
+            f"INT8 top-1 drop {a.get('drop_points')} points, agreement {a.get('agreement')}: exceeds {want} even with "
+            f"all {len(excluded)} quantized layers kept in float; nothing written: loosen the budget or use FP16"
         )
     quantized = [la.node for la in layers if la.node not in set(excluded)]
     if float_type == "fp16":

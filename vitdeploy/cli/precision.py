@@ -18,12 +18,13 @@ def calibrate(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="INT8 model to write (default: MODEL.int8.onnx beside MODEL)."),
     num_images: int = typer.Option(512, help="Images sampled from --images (all when fewer; a warning below 100)."),
     batch_size: int = typer.Option(32, help="Calibration batch size."),
-    method: str = typer.Option("percentile", help="Activation ranges: minmax, entropy or percentile (99.99%)."),
+    method: str = typer.Option("entropy", help="Activation ranges: entropy (KL, TensorRT's legacy calibrator), minmax or percentile (99.99%)."),
     quantize_attention: bool = typer.Option(False, "--quantize-attention/--no-quantize-attention", help="Also quantize the two attention matmuls (Q·Kᵀ, P·V)."),
     float_type: str = typer.Option("fp32", "--float", help="Type of everything left unquantized: fp32 (ONNX Runtime on a CPU) or fp16 (TensorRT)."),
     seed: int = typer.Option(0, help="Seed of the image sample."),
     max_drop: Optional[float] = typer.Option(None, "--max-drop", help="Top-1 drop budget in points against FP32 on --eval; sensitive layers are kept in float until it fits (exit 1 if it cannot)."),
     eval_dir: Optional[Path] = typer.Option(None, "--eval", help="Labeled ImageFolder (or one with val/) to measure FP32 vs INT8 top-1 on."),
+    min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="With --eval: also keep layers in float until INT8's top-1 agrees with FP32's on at least this fraction (e.g. 0.99)."),
 ) -> None:
     """Quantize an ONNX model to INT8 (explicit Q/DQ, the form TensorRT 8.5–11 builds) from calibration images.
 
@@ -49,7 +50,7 @@ def calibrate(
         result = run_calibrate(
             model, images, out, num_images=num_images, batch_size=batch_size, method=method,
             quantize_attention=quantize_attention, float_type=float_type, seed=seed, max_drop=max_drop,
-            eval_dir=eval_dir, progress=on_event,
+            eval_dir=eval_dir, progress=on_event, min_agreement=min_agreement,
         )
     for path, why in result.skipped:
         err_console.print(f"skipped {path}: {why}", highlight=False)
