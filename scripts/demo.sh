@@ -37,10 +37,9 @@ echo "== vitdeploy explain: attention maps for a few digits"
 [ -f model.onnx ] || vitdeploy export ckpt.pth
 EXPLAIN=()
 for c in 0 3 5 8; do files=(digits/val/$c/*.png); EXPLAIN+=("${files[0]}"); done
-vitdeploy explain "${EXPLAIN[@]}" --model ckpt.pth -o attention
-if [ -f model.int8.onnx ]; then  # does the quantized copy still look at the same strokes?
-  vitdeploy explain "${EXPLAIN[@]}" --model model.int8.onnx -o attention/int8
-fi
+COMPARE=()  # do the quantized copies still look at the same strokes?
+for f in model.fp16.onnx model.int8.onnx; do [ -f "$f" ] && COMPARE+=(--compare "$f"); done
+vitdeploy explain "${EXPLAIN[@]}" --model ckpt.pth -o attention ${COMPARE[@]+"${COMPARE[@]}"}
 echo
 echo "== vitdeploy verify --report"
 CANDIDATES=(model.onnx)

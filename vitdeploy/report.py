@@ -99,6 +99,12 @@ def plot_delta_histogram(candidate: ArtifactResult, reference: ArtifactResult, p
         ax.set_xscale("log")
         ax.axvline(float(pos.max()), color="#c44e52", lw=1, ls="--", label=f"max {pos.max():.2e}")
         ax.axvline(float(d.mean()), color="#4c72b0", lw=1, ls=":", label=f"mean {d.mean():.2e}")
+        tol = candidate.tolerance
+        if tol is not None and tol.rtol is not None:  # verify's bound for this candidate
+            limit = tol.rtol * max(1.0, float(np.abs(reference.logits).max()) if reference.logits.size else 1.0)
+            ax.axvline(limit, color="#2e7d32", lw=1.5, label=f"limit {limit:.2e}")
+            lo_x, hi_x = ax.get_xlim()
+            ax.set_xlim(min(lo_x, limit / 3), max(hi_x, limit * 3))
         ax.legend(fontsize=8)
     else:
         ax.text(0.5, 0.5, "identical logits", ha="center", va="center", transform=ax.transAxes)

@@ -67,12 +67,11 @@ def explain(
 
         rows = [compare_maps(result, c) for c in copies]
         t = Table(title=f"{method} maps (scaled to [0, 1]) against {model.name}", show_edge=False)
-        for col in ("model", "images", "top-1 agree", "max |Δ|", "mean |Δ|", "min corr", "mean corr"):
-            t.add_column(col, justify="left" if col == "model" else "right")
+        for col in ("model", "images", "top-1 agree", "max |Δ|", "mean |Δ|", "min corr"):
+            t.add_column(col, justify="left" if col == "model" else "right", no_wrap=col == "model")
         for r in rows:
-            t.add_row(f"{Path(r.model).name} ({r.precision})", str(r.images), f"{r.top1_agreement:.1%}",
-                      f"{r.max_abs_diff:.2e}", f"{r.mean_abs_diff:.2e}", f"{r.min_correlation:.4f}",
-                      f"{r.mean_correlation:.4f}")
+            t.add_row(Path(r.model).name, str(r.images), f"{r.top1_agreement:.1%}",
+                      f"{r.max_abs_diff:.2e}", f"{r.mean_abs_diff:.2e}", f"{r.min_correlation:.5f}")
         console.print(t)
         for r, d in zip(rows, dirs, strict=True):
             console.print(f"maps of {r.model} in {d}/", highlight=False)
