@@ -79,9 +79,19 @@ def _precision_from_name(p: Path) -> str:
     return "fp32"
 
 
+def tensorrt_missing() -> str | None:
+    """Why TensorRT cannot be used here (a type-stubs-only ``tensorrt`` folder counts as missing), or None."""
+    if importlib.util.find_spec("tensorrt") is None:
+        return "TensorRT is not installed (no Python module `tensorrt`)"
+    from vitdeploy.engine import import_tensorrt
+
+    trt = import_tensorrt()
+    return trt if isinstance(trt, str) else None
+
+
 def tensorrt_usable() -> bool:
     """TensorRT importable and a CUDA GPU visible (checked without importing torch)."""
-    if importlib.util.find_spec("tensorrt") is None:
+    if tensorrt_missing() is not None:
         return False
     import shutil
     import subprocess
@@ -163,10 +173,11 @@ def open_model(model: str | Path | None = None, backend: str = "auto", threads: 
     if backend not in BACKENDS:
         raise VitdeployError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "tensorrt" or (model is not None and backend == "auto" and artifact_kind(model) == "engine"):
-        if importlib.util.find_spec("tensorrt") is None:
+        why = tensorrt_missing()
+        if why is not None:
             raise VitdeployError(
-                "TensorRT is not installed here: install it with `pip install 'vitdeploy[gpu]'` on a machine with an "
-                "NVIDIA GPU, or pass an ONNX model (--model model.onnx --backend onnxruntime)"
+                f"{why}: install it with `pip install 'vitdeploy[gpu]'` on a machine with an NVIDIA GPU "
+                "(on a Jetson: JetPack's TensorRT), or run an ONNX model (--model model.onnx --backend onnxruntime)"
             )
     if backend == "onnxruntime" and importlib.util.find_spec("onnxruntime") is None:
         raise VitdeployError("onnxruntime is not installed: pip install 'vitdeploy[cpu]' (or [gpu])")

@@ -37,7 +37,7 @@ def infer(
     paths = gather_images(images)
     runner, notes = open_model(model, backend, threads)
     for n in notes:
-        err_console.print(n, highlight=False)
+        err_console.print(n, highlight=False, soft_wrap=True)
     try:
         with Progress(
             TextColumn("[bold]infer"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
@@ -61,30 +61,33 @@ def infer(
     finally:
         runner.close()
     for n in result.notes:
-        err_console.print(f"note: {n}", highlight=False)
+        err_console.print(f"note: {n}", highlight=False, soft_wrap=True)
     if out is not None:
         write_predictions(result, out)
-        console.print(f"{len(result.predictions)} predictions → {out}", highlight=False)
+        console.print(f"{len(result.predictions)} predictions → {out}", highlight=False, soft_wrap=True)
     else:
-        t = Table(show_edge=False)
+        import os
+
+        common = Path(os.path.commonpath([str(pr.path.parent) for pr in result.predictions]))
+        t = Table(show_edge=False, title=f"in {common}" if str(common) not in ("", ".") else None, title_justify="left")
         t.add_column("path", overflow="fold")
         t.add_column("label")
         t.add_column("score", justify="right")
         if result.top_k > 1:
             t.add_column(f"next {result.top_k - 1}")
         for pr in result.predictions:
-            cells = [str(pr.path), pr.label, f"{pr.score:.3f}"]
+            cells = [str(pr.path.relative_to(common)) if common != Path() else str(pr.path), pr.label, f"{pr.score:.3f}"]
             if result.top_k > 1:
                 cells.append("  ".join(f"{lab} {sc:.3f}" for lab, sc in zip(pr.labels[1:], pr.scores[1:], strict=True)))
             t.add_row(*cells)
         console.print(t)
     for p, why in result.skipped:
-        err_console.print(f"skipped {p}: {why}", highlight=False)
+        err_console.print(f"skipped {p}: {why}", highlight=False, soft_wrap=True)
     err_console.print(
         f"{len(result.predictions)} image(s) classified with {result.model} ({result.backend}, {result.precision}) "
         f"at {result.images_per_second:.1f} images/s"
         + (f"; {len(result.skipped)} unreadable file(s) skipped" if result.skipped else ""),
-        highlight=False,
+        highlight=False, soft_wrap=True,
     )
     if result.skipped:
         raise typer.Exit(EXIT_PARTIAL)
