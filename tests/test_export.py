@@ -281,3 +281,21 @@ def test_graph_problems_finds_dead_duplicate_and_foldable_nodes() -> None:
     assert "1 dead node(s), e.g. Relu" in problems
     assert "1 duplicated node(s)" in problems
     assert "unfolded constant node(s): Neg" in problems
+
+
+def test_check_graph_rejects_broken_graphs(digits_export, tmp_path: Path) -> None:
+    """The low-memory checker (weights left behind as stubs) still catches what onnx.checker catches."""
+    from vitdeploy.export import check_graph
+
+    good = onnx.load(str(digits_export.path))
+    check_graph(good, tmp_path)
+    cut = onnx.load(str(digits_export.path))
+    w = next(t for t in cut.graph.initializer if len(t.dims) == 2 and t.dims[0] * t.dims[1] > 1000)
+    w.raw_data = w.raw_data[:-4]
+    with pytest.raises(VitdeployError, match=f"{w.name} holds"):
+        check_graph(cut, tmp_path)
+    dangling = onnx.load(str(digits_export.path))
+    dangling.graph.node[3].input[0] = "no_such_tensor"
+    with pytest.raises(VitdeployError, match="fails onnx.checker"):
+        check_graph(dangling, tmp_path)
+    assert list(tmp_path.iterdir()) == []  # its scratch files are gone
