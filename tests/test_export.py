@@ -66,7 +66,7 @@ def test_digits_export_passes_parity_at_1_7_32(digits_export, digits_ckpt: Path)
     r = digits_export
     assert r.parity is not None and r.parity.passed
     assert [b.batch_size for b in r.parity] == [1, 7, 32]
-    assert r.parity.source == "digits" and not r.parity.warnings
+    assert r.parity.source == "digits" and r.parity.num_images == 40 and not r.parity.warnings
     for b in r.parity:
         assert b.max_abs_diff <= 1e-4 * max(1.0, b.max_abs_logit)
         assert b.top1_mismatches == 0
@@ -152,7 +152,7 @@ def test_parity_check_catches_a_different_model(digits_export, digits_ckpt: Path
 def test_parity_image_sources(digits_export, digits_ckpt: Path, tmp_path: Path, photo_files, monkeypatch) -> None:
     rep = check_parity(digits_ckpt, digits_export.path, images=photo_files[0].parent, batch_sizes=(1, 7))
     assert rep.passed and rep.source == str(photo_files[0].parent)
-    assert any("repeated" in w for w in rep.warnings)  # 5 photos for 8 inputs
+    assert any("repeated" in w for w in rep.warnings) and rep.num_images == 5  # 5 photos for 8 inputs
     cal = tmp_path / "calibration"
     cal.mkdir()
     for p in photo_files[:2]:

@@ -134,8 +134,9 @@ class ParityReport:
 
 def _parity_inputs(
     manifest: Manifest, images: str | Path | None, count: int
-) -> tuple[np.ndarray, str, list[str], list[tuple[str, str]]]:
-    """``count`` preprocessed inputs from the first source that has images (cycled when there are fewer)."""
+) -> tuple[np.ndarray, int, str, list[str], list[tuple[str, str]]]:
+    """``count`` preprocessed inputs from the first source that has images (cycled when there are fewer),
+    and how many distinct ones there are."""
     from vitdeploy.images import iter_batches
     from vitdeploy.preprocess import list_images
 
@@ -185,7 +186,7 @@ def _parity_inputs(
     if n < count:
         notes.append(f"only {n} readable image(s) in {source}: repeated to fill batches")
     x = np.stack([arrays[i % n] for i in range(count)]).astype(np.float32)
-    return x, source, notes, skipped
+    return x, min(n, count), source, notes, skipped
 
 
 def check_parity(
@@ -211,7 +212,7 @@ def check_parity(
     model, _ = _torch_model(checkpoint_or_model, arch, labels)
     runner = OnnxRuntimeRunner(onnx_path)
     total = int(sum(batch_sizes))
-    x, source, notes, skipped = _parity_inputs(runner.manifest, images, total)
+    x, distinct, source, notes, skipped = _parity_inputs(runner.manifest, images, total)
     results: list[BatchParity] = []
     offset = 0
     for bs in batch_sizes:
@@ -233,7 +234,7 @@ def check_parity(
             )
         )
     runner.close()
-    return ParityReport(results, source, min(total, len(x)), notes, skipped)
+    return ParityReport(results, source, distinct, notes, skipped)
 
 
 def _torch_model(obj: Any, arch: str | None = None, labels: str | Path | None = None) -> tuple[torch.nn.Module, Manifest | None]:

@@ -285,8 +285,7 @@ def verify(
     whether or not it passes (``report.passed``); bad inputs raise VitdeployError.
     """
     from vitdeploy.images import iter_batches
-    from vitdeploy.manifest import read_manifest
-    from vitdeploy.runners import artifact_kind, default_backend, open_runner
+    from vitdeploy.runners import Runner, artifact_kind, default_backend, open_runner
 
     if isinstance(tolerance, str):
         tolerance = Tolerance.parse(tolerance)
@@ -298,18 +297,24 @@ def verify(
     for a in artifacts:
         if not a.exists():
             raise VitdeployError(f"{a}: no such file or folder")
-    manifests = [(str(a), read_manifest(a)) for a in artifacts]
-    _check_compatible(manifests)
-    ref_manifest = manifests[0][1]
-    paths, labels, notes = _image_set(images, ref_manifest)
+    if not Path(images).exists():
+        raise VitdeployError(f"--images {images}: no such folder")
 
-    runners = []
+    runners: list[Runner] = []
+    notes: list[str] = []
     try:
+        # each artifact is loaded once (a checkpoint's manifest costs a full torch.load), and
+        # checked against the reference as soon as it is open
         for i, a in enumerate(artifacts):
             want = backend if i > 0 and backend != "auto" and default_backend(a) == backend else "auto"
             if i > 0 and backend not in ("auto", default_backend(a)):
                 notes.append(f"{a}: a {artifact_kind(a)} runs on {default_backend(a)}, not {backend}")
             runners.append(open_runner(a, backend=want, threads=threads, device=device))
+            if i > 0:
+                _check_compatible([(str(artifacts[0]), runners[0].manifest), (str(a), runners[i].manifest)])
+        ref_manifest = runners[0].manifest
+        paths, labels, more = _image_set(images, ref_manifest)
+        notes += more
         # one pass over the images per distinct preprocessing (normally one for all)
         groups: dict[str, list[int]] = {}
         for i, r in enumerate(runners):
