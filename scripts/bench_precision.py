@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/bench_precision.py                      # vit-small/16 at 224, batch 8
     .venv/bin/python scripts/bench_precision.py --preset vit-digits --fp16 --rounds 20
+    .venv/bin/python scripts/bench_precision.py --accuracy-sweep ckpt.pth  # accuracy of every method (digits)
 
 Builds a random-weight checkpoint of the preset, exports it with vitdeploy's
 exporter, calibrates INT8 with vitdeploy.precision.calibrate on real photographs
@@ -46,6 +47,45 @@ def photos(folder: Path, n: int, seed: int) -> Path:
     return folder
 
 
+def accuracy_sweep(ckpt: Path, folder: Path) -> None:
+    """Every calibration method, with and without the attention matmuls quantized, plus FP16: top-1 and agreement
+    against FP32 on the digits validation split (the measurements behind the defaults)."""
+    from vitdeploy.data import write_digits
+    from vitdeploy.export import export_onnx
+    from vitdeploy.guard import figures, load_eval_set, logits
+    from vitdeploy.manifest import read_onnx_manifest
+    from vitdeploy.precision import calibrate, convert_fp16
+
+    calib = Path(__file__).resolve().parents[1] / "calibration"
+    folder.mkdir(parents=True, exist_ok=True)
+    fp32 = folder / "model.onnx"
+    if not fp32.exists():
+        export_onnx(ckpt, fp32)
+    if not (folder / "digits").exists():
+        write_digits(folder / "digits")
+    print(f"{ckpt} on the digits validation split; calibration: {calib} (500 real digit images)")
+    print(f"{'artifact':38s} {'top-1':>7s} {'drop':>6s} {'agree':>7s} {'max|Δlogit|':>12s}")
+    ev = load_eval_set(folder / "digits", read_onnx_manifest(fp32))
+    ref = logits(fp32, ev.x)
+    h = convert_fp16(fp32, folder / "model.fp16.onnx")
+    f = figures(ref, logits(h, ev.x), ev.y)
+    print(f"{'fp32':38s} {f.fp32_top1:7.2%}")
+    print(f"{'fp16':38s} {f.int8_top1:7.2%} {f.drop_points:6.2f} {f.agreement:7.2%} {f.max_abs_logit_diff:12.2e}"
+          f"   (max |logit| {np.abs(ref).max():.2f})")
+    for att in (False, True):
+        for method in ("minmax", "percentile", "entropy"):
+            r = calibrate(fp32, calib, folder / "model.int8.onnx", method=method, quantize_attention=att,
+                          eval_dir=folder / "digits")
+            g = r.figures
+            name = f"int8 {method}{' +attention' if att else ''}"
+            print(f"{name:38s} {g['int8_top1']:7.2%} {g['drop_points']:6.2f} {g['agreement']:7.2%} "
+                  f"{g['max_abs_logit_diff']:12.2e}")
+    r = calibrate(fp32, calib, folder / "model.int8.onnx", eval_dir=folder / "digits", max_drop=0.5, min_agreement=0.99)
+    g = r.figures
+    print(f"{'int8 default + guard (0.5 pt, 99%)':38s} {g['int8_top1']:7.2%} {g['drop_points']:6.2f} "
+          f"{g['agreement']:7.2%} {g['max_abs_logit_diff']:12.2e}   kept in float: {', '.join(r.excluded) or 'none'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="vit-small")
@@ -57,9 +97,18 @@ def main() -> None:
     ap.add_argument("--method", default=None)
     ap.add_argument("--quantize-attention", action=argparse.BooleanOptionalAction, default=None)
     ap.add_argument("--fp16", action="store_true", help="also time the FP16 ONNX")
+    ap.add_argument("--both-attention", action="store_true",
+                    help="time INT8 without and with the attention matmuls quantized (int8, int8-att)")
     ap.add_argument("--keep", type=Path, default=None, help="folder to keep (and reuse) the artifacts in")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--accuracy-sweep", type=Path, default=None, metavar="CKPT",
+                    help="instead of timing: export CKPT (a digits checkpoint) and print top-1/agreement of FP16 and of "
+                         "INT8 for every method, with and without attention quantized, and with the guard")
     a = ap.parse_args()
+    if a.accuracy_sweep:
+        with tempfile.TemporaryDirectory(prefix="precision-sweep-") as t:
+            accuracy_sweep(a.accuracy_sweep, a.keep or Path(t))
+        return
 
     import torch
 
@@ -94,6 +143,11 @@ def main() -> None:
     print(f"calibrated in {time.perf_counter() - t:.0f} s: {q['method']}, attention quantized: {q['quantize_attention']}, "
           f"{q['layers_quantized']} layers", flush=True)
     models = {"fp32": fp32, "int8": res.path}
+    if a.both_attention:
+        kw["quantize_attention"] = not q["quantize_attention"]
+        res2 = calibrate(fp32, d / "calibration", d / "model.int8-other.onnx", num_images=a.calib_images,
+                         batch_size=min(16, a.calib_images), **kw)
+        models["int8-att" if kw["quantize_attention"] else "int8-noatt"] = res2.path
     if a.fp16:
         models["fp16"] = convert_fp16(fp32, d / "model.fp16.onnx")
     runners = {k: open_runner(v, threads=a.threads) for k, v in models.items()}
@@ -118,10 +172,10 @@ def main() -> None:
     for k, v in ips.items():
         print(f"  {k:5s} {v:8.2f} img/s (median; min {min(per_round[k]):.2f}, max {max(per_round[k]):.2f})")
     ratios = {f"{k}/fp32": ips[k] / ips["fp32"] for k in ips if k != "fp32"}
-    paired = [i8 / f for i8, f in zip(per_round["int8"], per_round["fp32"], strict=True)]
     for k, v in ratios.items():
-        print(f"  {k} throughput ratio {v:.2f}x")
-    print(f"  int8/fp32 per-round ratios: median {statistics.median(paired):.2f}x, range {min(paired):.2f}–{max(paired):.2f}x")
+        paired = [i8 / f for i8, f in zip(per_round[k.split("/")[0]], per_round["fp32"], strict=True)]
+        print(f"  {k} throughput ratio {v:.2f}x (per-round ratios: median {statistics.median(paired):.2f}x, "
+              f"range {min(paired):.2f}–{max(paired):.2f}x)")
     if a.json:
         a.json.write_text(json.dumps({"preset": a.preset, "batch": a.batch, "images_per_s": ips, "ratios": ratios,
                                       "per_round": per_round, "quantization": q}, indent=2))
