@@ -224,11 +224,11 @@ def test_higher_opset_is_converted(digits_ckpt: Path, tmp_path: Path) -> None:
     assert dims(m.graph.input[0])[0] == BATCH_DIM
 
 
-@pytest.mark.parametrize("preset", ["vit-tiny", "vit-small", "vit-base"])
+@pytest.mark.parametrize("preset", ["vit-digits", "vit-tiny", "vit-small", "vit-base"])
 def test_presets_export_at_224(preset: str, tmp_path: Path) -> None:
     import onnxruntime as ort
 
-    ck = make_ckpt(tmp_path / "c.pth", preset, num_classes=10)
+    ck = make_ckpt(tmp_path / "c.pth", preset, num_classes=10, image_size=(224, 224))
     r = export_onnx(ck, tmp_path / "m.onnx", check=False)
     assert r.external_data is None
     m = onnx.load(str(r.path), load_external_data=False)
