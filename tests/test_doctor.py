@@ -16,7 +16,9 @@ from vitdeploy.doctor import command_support, doctor, jetpack_for, parse_tegra_r
 
 
 def gpu_here() -> bool:
-    """An independent look: nvidia-smi lists a GPU."""
+    """An independent look: nvidia-smi lists a GPU (a Jetson's integrated GPU: L4T is installed)."""
+    if Path("/etc/nv_tegra_release").exists():
+        return True
     smi = shutil.which("nvidia-smi")
     return bool(smi) and subprocess.run([smi, "-L"], capture_output=True, timeout=30).returncode == 0
 
