@@ -543,3 +543,16 @@ def test_run_py_tensorrt_path_with_mock_tensorrt(bundle_dir: Path, digits_folder
     assert on_trt == on_ort and len(on_trt) == len(list_images(images))
     with pytest.raises(SystemExit, match="no engine model.engine"):
         mod.main(["--check", "--backend", "tensorrt", "--model", "model.onnx"])
+
+
+def test_run_py_foreign_engine_is_one_line_with_mock_tensorrt(bundle_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = tmp_path / "bundle"
+    shutil.copytree(bundle_dir, b)
+    (b / "model.int8.raw.engine").write_bytes(b"built elsewhere")
+    trt = fake_tensorrt(max_batch=4)
+    trt.Runtime.deserialize_cuda_engine = lambda self, data: None  # what TensorRT returns for a foreign plan
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    mod = _load_run_py(b / "run.py")
+    monkeypatch.setattr(mod, "CudaRT", HostCuda)
+    with pytest.raises(SystemExit, match="rebuild it with ./build_engine.sh"):
+        mod.main(["--check"])

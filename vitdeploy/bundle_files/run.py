@@ -242,6 +242,8 @@ def open_model(path: Path, backend: str) -> OrtModel | TrtModel:
         except ImportError:
             if backend == "tensorrt":
                 raise SystemExit("error: TensorRT's Python bindings are missing (JetPack: sudo apt install python3-libnvinfer)") from None
+        except RuntimeError as e:  # a foreign engine, no CUDA runtime: one line, no traceback
+            raise SystemExit(f"error: {e}") from None
     elif backend == "tensorrt":
         raise SystemExit(f"error: no engine {engine.name}: build it with ./build_engine.sh")
     if not onnx.exists():
