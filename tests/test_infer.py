@@ -25,11 +25,9 @@ BROKEN = {"truncated.jpg", "empty.png", "notes.png"}
 
 
 def export(ckpt: Path, out: Path) -> Path:
-    """The ONNX model of a checkpoint, with the project's exporter (stand-in until it lands)."""
-    try:
-        from vitdeploy.export import export_onnx
-    except ImportError:
-        from vitdeploy.bench import _stand_in_export as export_onnx
+    """The ONNX model of a checkpoint, with the project's exporter."""
+    from vitdeploy.export import export_onnx
+
     return Path(export_onnx(ckpt, out=out, check=False).path)
 
 

@@ -315,6 +315,12 @@ def _random_checkpoint(preset: str, folder: Path, seed: int) -> Path:
         raise VitdeployError(str(e)) from None
     torch.manual_seed(seed)
     model = build_model(pr.config).eval()
+    with torch.no_grad():  # like trained weights, no two biases or norms equal (exporters share equal initializers)
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.02)
+            elif ".norm" in name or name.startswith("norm"):
+                p.normal_(1.0, 0.02)
     manifest = Manifest(
         model=pr.config.to_dict(),
         labels=[f"class_{i}" for i in range(pr.config.num_classes)],
@@ -338,80 +344,11 @@ def _random_images(folder: Path, n: int, size: tuple[int, int], seed: int) -> Pa
 
 
 def _pipeline() -> tuple[Any, Any, Any]:
-    """export_onnx, calibrate and convert_fp16; stand-ins until export.py and precision.py land."""
-    try:
-        from vitdeploy.export import export_onnx
-    except ImportError:
-        export_onnx = _stand_in_export
-    try:
-        from vitdeploy.precision import calibrate, convert_fp16
-    except ImportError:
-        calibrate, convert_fp16 = _stand_in_calibrate, _stand_in_fp16
+    """export_onnx, calibrate and convert_fp16: the project's own export and precision steps."""
+    from vitdeploy.export import export_onnx
+    from vitdeploy.precision import calibrate, convert_fp16
+
     return export_onnx, calibrate, convert_fp16
-
-
-def _stand_in_export(checkpoint: Path, out: Path, check: bool = False) -> Any:
-    import types
-
-    import onnx
-    import torch
-
-    from vitdeploy.checkpoint import load_any
-    from vitdeploy.manifest import set_onnx_manifest
-
-    ck = load_any(checkpoint)
-    model = ck.build()
-    h, w = ck.manifest.input_size
-    torch.onnx.export(model, (torch.zeros(1, 3, h, w),), str(out), dynamo=False, opset_version=17,
-                      input_names=["pixel_values"], output_names=["logits"],
-                      dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}})
-    m = onnx.load(str(out))
-    set_onnx_manifest(m, ck.manifest.derive(source={"checkpoint": str(checkpoint)}))
-    onnx.save(m, str(out))
-    return types.SimpleNamespace(path=out)
-
-
-def _stand_in_fp16(model_onnx: Path, out: Path) -> Path:
-    import onnx
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-
-    from vitdeploy.manifest import read_onnx_manifest, set_onnx_manifest
-
-    man = read_onnx_manifest(model_onnx)
-    m = convert_float_to_float16(onnx.load(str(model_onnx)), keep_io_types=True)
-    set_onnx_manifest(m, man.derive(precision="fp16"))
-    onnx.save(m, str(out))
-    return out
-
-
-def _stand_in_calibrate(model_onnx: Path, images: Path, out: Path, num_images: int, batch_size: int, seed: int) -> Any:
-    import types
-
-    import onnx
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    from vitdeploy.images import iter_batches
-    from vitdeploy.manifest import read_onnx_manifest, set_onnx_manifest
-    from vitdeploy.preprocess import list_images
-
-    man = read_onnx_manifest(model_onnx)
-    arrays = [b.array for b in iter_batches(list_images(images)[:num_images], man.pp(), batch_size)]
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.it = iter(arrays)
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            x = next(self.it, None)
-            return None if x is None else {"pixel_values": x}
-
-    quantize_static(str(model_onnx), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"],
-                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
-    m = onnx.load(str(out))
-    set_onnx_manifest(m, man.derive(precision="int8"))
-    onnx.save(m, str(out))
-    return types.SimpleNamespace(path=out)
 
 
 def preset_artifacts(
