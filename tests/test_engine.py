@@ -101,6 +101,9 @@ def test_dla_profile_is_fixed_at_opt() -> None:
     assert (p.min, p.opt, p.max) == (4, 4, 4) and p.fixed
     with pytest.raises(UsageError):
         make_profile(1, 4, 32, dla_core=-1)
+    assert make_profile(1, 64, 32, dla_core=0) == Profile(64, 64, 64)  # min/max do not apply to DLA
+    with pytest.raises(UsageError):
+        make_profile(1, 0, 32, dla_core=0)
 
 
 def test_dynamic_image_dims_refused() -> None:

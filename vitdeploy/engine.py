@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vitdeploy.errors import PartlyDone, UsageError, VitdeployError
-from vitdeploy.fileio import atomic_path, sha256_file, write_text_atomic
+from vitdeploy.fileio import atomic_path, sha256_file
 from vitdeploy.manifest import Manifest, read_onnx_manifest, sidecar_path, tool_versions
 from vitdeploy.trt_compat import (
     ArtifactPlan,
@@ -29,7 +29,6 @@ from vitdeploy.trt_compat import (
     finish_commands,
     make_profile,
     network_plan,
-    parse_version,
     plan_artifact,
 )
 
@@ -347,14 +346,3 @@ def sidecar_manifest(manifest: Manifest, record: dict[str, Any], artifact: Path)
     versions.update(tool_versions("onnx"))
     versions["tensorrt"] = record["tensorrt"]
     return manifest.derive(source=source, versions=versions, engine=record)
-
-
-def write_sidecar(engine: Path, manifest: Manifest) -> Path:
-    side = sidecar_path(engine)
-    write_text_atomic(side, manifest.to_json(indent=2) + "\n")
-    return side
-
-
-def installed_tensorrt_version() -> tuple[int, ...] | None:
-    trt = import_tensorrt()
-    return None if isinstance(trt, str) else parse_version(trt.__version__)

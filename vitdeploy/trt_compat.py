@@ -71,6 +71,12 @@ def make_profile(min_batch: int = 1, opt_batch: int = 8, max_batch: int = 32, dl
     DLA has no dynamic shapes: with ``dla_core`` the profile is fixed at the optimum batch
     (min = opt = max = ``opt_batch``); the runner pads smaller batches up to it.
     """
+    if dla_core is not None:  # min and max do not apply: DLA runs one batch size
+        if dla_core < 0:
+            raise UsageError(f"--dla-core {dla_core}: a DLA core number is 0 or more")
+        if opt_batch < 1:
+            raise UsageError(f"--opt-batch {opt_batch}: a batch size must be at least 1")
+        return Profile(opt_batch, opt_batch, opt_batch)
     for name, v in (("--min-batch", min_batch), ("--opt-batch", opt_batch), ("--max-batch", max_batch)):
         if int(v) < 1:
             raise UsageError(f"{name} {v}: a batch size must be at least 1")
@@ -79,10 +85,6 @@ def make_profile(min_batch: int = 1, opt_batch: int = 8, max_batch: int = 32, dl
             f"batch profile min {min_batch} / opt {opt_batch} / max {max_batch} breaks min ≤ opt ≤ max: "
             "fix --min-batch, --opt-batch or --max-batch"
         )
-    if dla_core is not None:
-        if dla_core < 0:
-            raise UsageError(f"--dla-core {dla_core}: a DLA core number is 0 or more")
-        return Profile(opt_batch, opt_batch, opt_batch)
     return Profile(int(min_batch), int(opt_batch), int(max_batch))
 
 
