@@ -309,6 +309,18 @@ def test_vitdeploy_line_builds_the_artifact_as_is() -> None:
     assert "--fp16" in dla[2] and "--fp16" in dla[3] and all("--useDLACore=0" in c for c in dla[1:])
 
 
+def test_opset_limits_of_tensorrt_8() -> None:
+    from vitdeploy.trt_compat import opset_problem
+
+    assert opset_problem(17, "8.5.2.2") is None and opset_problem(19, "10.3.0") is None
+    assert "reads opsets up to 17" in (opset_problem(19, "8.6.2") or "")
+    cmds = finish_commands(Path("m.int8.onnx"), Path("m.int8.engine"), "pixel_values", [-1, 3, 32, 32],
+                           Profile(1, 8, 32), "int8", opset=19)
+    assert cmds[-1].startswith("# note: m.int8.onnx is ONNX opset 19")
+    assert len(finish_commands(Path("m.onnx"), Path("m.engine"), "x", [-1, 3, 8, 8], Profile(1, 1, 1), "fp32",
+                               opset=17)) == 3
+
+
 # ---------------------------------------------------------------- no TensorRT here: exit 3, honest and exact
 
 

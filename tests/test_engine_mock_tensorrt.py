@@ -295,6 +295,20 @@ def test_mock_tensorrt_dla_core_beyond_the_device_is_refused_before_building(moc
         build_engine("model.fp16.onnx", BuildOptions(version_compatible=True))
 
 
+def test_mock_tensorrt_8x_refuses_an_opset_its_parser_cannot_read(mocked: Any) -> None:
+    import onnx
+
+    from vitdeploy.engine import BuildOptions, build_engine
+
+    m = onnx.load("model.onnx")
+    m.opset_import[0].version = 19
+    onnx.save(m, "model.onnx")
+    calls = mocked["install"]("8.6.2")
+    with pytest.raises(VitdeployError, match="parser reads opsets up to 17"):
+        build_engine("model.onnx", BuildOptions())
+    assert not any(c[0] in ("parse", "build") for c in calls)
+
+
 @pytest.mark.parametrize("input_dtype", [np.float32, np.float16])
 def test_mock_tensorrt_runner_matches_onnxruntime_and_reuses_buffers(mocked: Any, input_dtype: Any) -> None:
     from vitdeploy.engine import BuildOptions, build_engine

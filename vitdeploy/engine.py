@@ -29,6 +29,7 @@ from vitdeploy.trt_compat import (
     finish_commands,
     make_profile,
     network_plan,
+    opset_problem,
     plan_artifact,
 )
 
@@ -122,6 +123,13 @@ def probe(device: int = 0) -> TensorRTEnv:
 # ---------------------------------------------------------------- the ONNX input
 
 
+def onnx_opset(path: Path) -> int:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+
+
 def onnx_input(path: Path) -> tuple[str, list[int]]:
     """The model's (first) input name and dims, -1 for symbolic ones (the batch)."""
     import onnx
@@ -184,12 +192,20 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
                     + (" (Jetson Orin has them; Thor, Nano and desktop GPUs have none)" if n == 0 else "")
                 )
 
+    if env.missing is None and not plan.make:  # a parser that cannot read the opset: say so before building
+        problem = opset_problem(onnx_opset(plan.artifact), env.version or "0")
+        if problem:
+            raise VitdeployError(f"{plan.artifact}: {problem}")
     made = make_artifact(plan, Path(o.calib), emit)
     name, dims = input_dims(plan.artifact, read_onnx_manifest(plan.artifact))
+    opset = onnx_opset(plan.artifact)
     if env.missing is not None:
         cmds = finish_commands(plan.artifact, plan.engine, name, dims, profile, plan.precision, o.workspace,
-                               o.timing_cache, o.dla_core, o.version_compatible)
+                               o.timing_cache, o.dla_core, o.version_compatible, opset)
         raise EngineNotBuilt(plan.artifact, made, env.missing, cmds)
+    problem = opset_problem(opset, env.version or "0")
+    if problem:
+        raise VitdeployError(f"{plan.artifact} is written, but {problem}")
     return compile_engine(plan, env, profile, name, dims, o, emit, made)
 
 
@@ -314,6 +330,8 @@ def compile_engine(plan: ArtifactPlan, env: TensorRTEnv, profile: Profile, input
         cuda_runtime=env.cuda_runtime,
     )
     record["built_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    if made and made.get("check"):
+        record["artifact_check"] = made["check"]  # the artifact against FP32 under ONNX Runtime, before the build
     manifest = read_onnx_manifest(plan.artifact)
     side = sidecar_manifest(manifest, record, plan.artifact)
     sidecar = sidecar_path(plan.engine)

@@ -190,6 +190,18 @@ def network_plan(trt_version: tuple[int, ...] | str, precision: str, dla: bool =
     return NetworkPlan(explicit_batch=explicit, strongly_typed=strongly, builder_flags=tuple(flags))
 
 
+MAX_OPSET_8X = 17  # TensorRT 8.5/8.6's ONNX parser
+
+
+def opset_problem(opset: int, trt_version: tuple[int, ...] | str) -> str | None:
+    """Why this TensorRT's parser cannot read a model of this opset (None: it can)."""
+    v = parse_version(trt_version)
+    if v[0] < 9 and opset > MAX_OPSET_8X:
+        return (f"the model is ONNX opset {opset}; TensorRT {version_str(v)}'s parser reads opsets up to "
+                f"{MAX_OPSET_8X}: re-export with `vitdeploy export --opset 17` and rebuild the artifact")
+    return None
+
+
 # ---------------------------------------------------------------- the sidecar record
 
 
@@ -326,7 +338,8 @@ def trtexec_command(artifact: Path, engine: Path, input_name: str, input_dims: t
 
 def finish_commands(artifact: Path, engine: Path, input_name: str, input_dims: tuple[int, ...] | list[int],
                     profile: Profile, precision: str, workspace: float | None = None, timing_cache: Path | None = None,
-                    dla_core: int | None = None, version_compatible: bool = False) -> list[str]:
+                    dla_core: int | None = None, version_compatible: bool = False,
+                    opset: int | None = None) -> list[str]:
     """The lines that finish the job on the target: vitdeploy (writes the sidecar), then trtexec per TensorRT version."""
     kw: dict[str, Any] = {"workspace": workspace, "timing_cache": timing_cache, "dla_core": dla_core,
                           "version_compatible": version_compatible}
@@ -339,4 +352,7 @@ def finish_commands(artifact: Path, engine: Path, input_name: str, input_dims: t
     for label, version in variants:
         cmd = trtexec_command(artifact, engine, input_name, input_dims, profile, precision, version, **kw)
         lines.append(f"# or, {label}:  {cmd}")
+    if opset is not None and opset > MAX_OPSET_8X:
+        lines.append(f"# note: {artifact} is ONNX opset {opset}: TensorRT 8.5/8.6 (JetPack 5, 6.0) read opsets up to "
+                     f"{MAX_OPSET_8X} and cannot build it")
     return lines
