@@ -157,7 +157,7 @@ def input_dims(path: Path, manifest: Manifest) -> tuple[str, list[int]]:
 
 def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None = None,
                  on_event: Event | None = None) -> BuildResult:
-    """Make (or reuse) the precision artifact, then compile it into a plan with its sidecar.
+    """Make the precision artifact where asked, then compile it into a plan with its sidecar.
 
     Raises UsageError for impossible options before any work starts, and EngineNotBuilt (exit 3)
     after writing the precision artifact where TensorRT or a CUDA GPU is missing.
@@ -192,8 +192,8 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
                     + (" (Jetson Orin has them; Thor, Nano and desktop GPUs have none)" if n == 0 else "")
                 )
 
-    if env.missing is None and not plan.make:  # a parser that cannot read the opset: say so before building
-        problem = opset_problem(onnx_opset(plan.artifact), env.version or "0")
+    if env.missing is None:  # a parser that cannot read the opset: say so before calibrating or building
+        problem = opset_problem(onnx_opset(plan.source), env.version or "0")
         if problem:
             raise VitdeployError(f"{plan.artifact}: {problem}")
     made = make_artifact(plan, Path(o.calib), emit)
