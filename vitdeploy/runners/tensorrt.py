@@ -61,7 +61,9 @@ class TensorRTRunner(Runner):
             raise VitdeployError(f"{path}: {trt}; run the .onnx beside it with ONNX Runtime, or install TensorRT")
         self.cuda = CudaRuntime()
         if self.cuda.device_count() <= device:
-            raise VitdeployError(f"{path}: no CUDA GPU {device} here; an engine runs only on an NVIDIA GPU")
+            why = getattr(self.cuda, "last_error", "")
+            raise VitdeployError(f"{path}: no CUDA GPU {device} here{f' ({why})' if why else ''}; "
+                                 "an engine runs only on an NVIDIA GPU")
         self.cuda.set_device(device)
         self.device = device
         require_compatible(path, rec, str(trt.__version__), self.cuda.compute_capability(device))
