@@ -30,6 +30,12 @@ echo "artifacts in $(pwd):"
 echo "  checkpoint: $(pwd)/ckpt.pth"
 echo "  ONNX:       $(pwd)/model.onnx (verify: $(pwd)/verify.json)"
 echo "  INT8 ONNX:  $(pwd)/model.int8.onnx (ranges: model.int8.calib.json), FP16 ONNX: $(pwd)/model.fp16.onnx (verify: verify-precision.json)"
+# --- the TensorRT engine (issue 5)
+echo
+echo "== vitdeploy build-engine: model.int8.onnx (already INT8: built as it is) → model.int8.engine where TensorRT"
+echo "   and a GPU are; elsewhere exit 3 with the commands that finish the job on the target"
+rc=0; vitdeploy build-engine model.int8.onnx || rc=$?
+[ "$rc" -eq 0 ] || [ "$rc" -eq 3 ] || exit "$rc"
 # --- where the model looks, and the verify report with plots (issue 9)
 echo
 echo "== vitdeploy explain: attention maps for a few digits"
