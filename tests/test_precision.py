@@ -359,3 +359,18 @@ def test_a_failed_calibration_keeps_the_previous_artifact(int8, work: Path, tmp_
     with pytest.raises(VitdeployError):
         calibrate(work / "model.onnx", tmp_path / "nothing-here", out)
     assert out.read_bytes() == before
+
+
+def test_verify_shows_fp32_fp16_int8_side_by_side(guarded, int8, fp16: Path, work: Path, digits_folder: Path) -> None:
+    """verify applies the per-precision tolerances to these artifacts: fp16 99.9%, int8 99% agreement."""
+    from vitdeploy.verify import verify
+
+    rep = verify(work / "model.onnx", [fp16, guarded.path, int8.path], digits_folder / "val")
+    ref, h, g, d = rep.results
+    assert [r.precision for r in rep.results] == ["fp32", "fp16", "int8", "int8"]
+    assert all(r.backend == "onnxruntime" for r in rep.results)
+    assert h.tolerance.agreement == 0.999 and g.tolerance.agreement == 0.99
+    assert h.passed and g.passed, (h.failures, g.failures)
+    assert g.agreement == pytest.approx(guarded.figures["agreement"]) and g.top1 == pytest.approx(guarded.figures["int8_top1"])
+    # the default INT8 (every layer quantized) is judged by the same rule: passed exactly when agreement >= 99%
+    assert d.passed == (d.agreement >= 0.99)
