@@ -64,7 +64,13 @@ def calibrate(
         highlight=False,
     )
     if result.excluded:
-        console.print(f"kept in float by the guard ({len(result.excluded)}): {', '.join(result.excluded)}", highlight=False)
+        b = result.manifest.extra["guard"]["before"]
+        console.print(
+            f"with every layer quantized: INT8 top-1 {b['int8_top1']:.2%} (drop {b['drop_points']:.2f} points), "
+            f"agreement {b['agreement']:.2%}; kept in float by the guard ({len(result.excluded)}): "
+            f"{', '.join(result.excluded)}",
+            highlight=False,
+        )
     if result.figures:
         f = result.figures
         console.print(
