@@ -140,6 +140,12 @@ def test_report_unlabeled_images(artifacts: dict[str, Path], tmp_path: Path) -> 
     assert sorted(page.images) == ["accuracy.png", "delta_1.png"]
     assert all((index.parent / s).is_file() for s in page.images)
     assert "PASS" in " ".join(page.text) and "none: every top-1" in " ".join(page.text)
+    # a file where the folder should be is refused and left as it was
+    from vitdeploy.errors import VitdeployError
+
+    with pytest.raises(VitdeployError, match="not a folder"):
+        write_report(rep, index)
+    assert "PASS" in index.read_text()
 
 
 def test_verify_cli_report_is_written_even_when_verify_fails(artifacts: dict[str, Path], tmp_path: Path) -> None:

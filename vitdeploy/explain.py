@@ -473,6 +473,8 @@ def explain(
         raise UsageError(f"unknown head fusion {head_fusion!r}: choose one of {', '.join(HEAD_FUSIONS)}")
     if not 0.0 <= discard_ratio < 1.0:
         raise UsageError(f"--discard-ratio must be in [0, 1), not {discard_ratio}")
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise VitdeployError(f"-o {out_dir}: a file, not a folder; pass a folder for the PNGs")
     paths: list[Path] = []
     for p in images:
         if not Path(p).exists():

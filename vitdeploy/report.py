@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from vitdeploy.errors import VitdeployError
 from vitdeploy.fileio import atomic_path, write_text_atomic
 
 if TYPE_CHECKING:
@@ -229,6 +230,8 @@ def _img(src: str, alt: str, width: int | None = None) -> str:
 def write_report(report: VerifyReport, out_dir: str | Path, max_disagreements: int = MAX_DISAGREEMENTS) -> Path:
     """Write ``index.html`` and its PNGs into ``out_dir``; returns the page's path."""
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise VitdeployError(f"--report {out}: a file, not a folder; pass a folder for index.html and its pictures")
     out.mkdir(parents=True, exist_ok=True)
     labeled = report.labels is not None and len(report.labels) == len(report.paths)
     names = report.class_labels
