@@ -29,7 +29,7 @@ DEFAULT_BATCH_SIZE = 8
 DEFAULT_TOP_K = 5
 
 
-@dataclass
+@dataclass(slots=True)
 class Prediction:
     path: Path
     labels: list[str]  # top-k, best first
