@@ -93,6 +93,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--iters", type=int, default=2, help="calls per model per round")
     ap.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: one per core)")
+    ap.add_argument("--no-spin", action="store_true",
+                    help="the runners' session settings with session.intra_op.allow_spinning=0 (idle threads sleep "
+                         "instead of spinning: what a CPU shared with other work wants)")
     ap.add_argument("--calib-images", type=int, default=64)
     ap.add_argument("--method", default=None)
     ap.add_argument("--quantize-attention", action=argparse.BooleanOptionalAction, default=None)
@@ -150,7 +153,21 @@ def main() -> None:
         models["int8-att" if kw["quantize_attention"] else "int8-noatt"] = res2.path
     if a.fp16:
         models["fp16"] = convert_fp16(fp32, d / "model.fp16.onnx")
-    runners = {k: open_runner(v, threads=a.threads) for k, v in models.items()}
+    if a.no_spin:
+        import onnxruntime as ort
+
+        from vitdeploy.runners.onnxruntime import session_options
+
+        def no_spin_runner(path: Path):
+            so = session_options(a.threads)
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+            name = sess.get_inputs()[0].name
+            return lambda x: sess.run(None, {name: x})[0]
+
+        runners = {k: no_spin_runner(v) for k, v in models.items()}
+    else:
+        runners = {k: open_runner(v, threads=a.threads) for k, v in models.items()}
     h, w = p.config.image_size
     x = np.random.default_rng(0).standard_normal((a.batch, 3, h, w)).astype(np.float32)
     for r in runners.values():  # warm-up
@@ -168,7 +185,8 @@ def main() -> None:
 
     ips = {k: statistics.median(v) for k, v in per_round.items()}
     print(f"{a.preset} at {h}x{w}, batch {a.batch}, ONNX Runtime CPU ({cpu_model()}; {', '.join(cpu_flags())}), "
-          f"{a.rounds} interleaved rounds x {a.iters} calls")
+          f"{a.rounds} interleaved rounds x {a.iters} calls, threads {a.threads or 'one per core'}"
+          f"{', no spinning' if a.no_spin else ''}")
     for k, v in ips.items():
         print(f"  {k:5s} {v:8.2f} img/s (median; min {min(per_round[k]):.2f}, max {max(per_round[k]):.2f})")
     ratios = {f"{k}/fp32": ips[k] / ips["fp32"] for k in ips if k != "fp32"}

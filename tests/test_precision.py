@@ -214,7 +214,12 @@ def test_calibration_cache_is_reused(int8, work: Path, tmp_path: Path) -> None:
            [numpy_helper.to_array(i).tobytes() for i in b.graph.initializer]
     # another image set is another key: the cache is not reused
     other = calibrate(work / "model.onnx", CALIB, out, num_images=100, seed=1)
-    assert not other.cache_reused
+    assert not other.cache_reused and other.images == 100
+    assert calibrate(work / "model.onnx", CALIB, out, num_images=100, seed=1).images == 100  # reused, same count
+    # a damaged cache is recalibrated, not trusted
+    other.cache.write_text('{"format": "vitdeploy-calibration/1", "key": "' + json.loads(other.cache.read_text())["key"] + '"}')
+    again = calibrate(work / "model.onnx", CALIB, out, num_images=100, seed=1)
+    assert not again.cache_reused and json.loads(again.cache.read_text())["calibrated_images"] == 100
 
 
 # --- FP16 --------------------------------------------------------------------------------------

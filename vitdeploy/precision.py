@@ -153,14 +153,16 @@ def _cache_key(model_sha: str, files: list[Path], tensors: list[str]) -> str:
     return h.hexdigest()[:32]
 
 
-def _read_cache(path: Path, key: str) -> dict[str, dict[str, float]] | None:
+def _read_cache(path: Path, key: str) -> tuple[dict[str, dict[str, float]], int] | None:
+    """The ranges and image count of a cache written for exactly this key (else None: calibrate again)."""
     try:
         d = json.loads(path.read_text())
-    except (OSError, ValueError):
+        if d.get("format") != CACHE_FORMAT or d.get("key") != key:
+            return None
+        ranges = {k: {m: float(v) for m, v in r.items()} for k, r in d["ranges"].items()}
+        return ranges, int(d["calibrated_images"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if d.get("format") != CACHE_FORMAT or d.get("key") != key:
-        return None
-    return {k: {m: float(v) for m, v in r.items()} for k, r in d["ranges"].items()}
 
 
 def _collect_ranges(
@@ -264,10 +266,10 @@ def calibrate(
     model_sha = sha256_file(src)
     key = _cache_key(model_sha, files, tensors)
     cpath = cache_path(dest)
-    ranges = _read_cache(cpath, key)
-    reused = ranges is not None
+    cached = _read_cache(cpath, key)
+    reused = cached is not None
     skipped: list[tuple[str, str]] = []
-    if ranges is None:
+    if cached is None:
         if len(files) < batch_size:
             raise VitdeployError(
                 f"{images} has {len(files)} image(s), fewer than one batch ({batch_size}): "
@@ -275,7 +277,7 @@ def calibrate(
             )
         ranges, n_read, skipped = _collect_ranges(model, tensors, files, manifest, batch_size, progress)
     else:
-        n_read = len(files)
+        ranges, n_read = cached
     if n_read < FEW_IMAGES:
         warnings.append(f"only {n_read} calibration images: 500 or more give stable ranges (fewer than {FEW_IMAGES} may not)")
     amax = {t: r[method] for t, r in ranges.items()}
