@@ -347,6 +347,11 @@ def test_bad_inputs_fail_in_one_line_and_write_nothing(work: Path, int8, fp16: P
     _one_line(runner.invoke(app, ["calibrate", str(fp16), "--images", str(CALIB), "-o", str(out)]), "FP16")
     _one_line(runner.invoke(app, ["convert-fp16", str(fp16), "-o", str(out)]), "already FP16")
     _one_line(runner.invoke(app, ["convert-fp16", str(int8.path), "-o", str(out)]), "INT8")
+    from vitdeploy.embed import embed_preprocess
+
+    raw = embed_preprocess(model, tmp_path / "model.raw.onnx")  # uint8 image in: calibrate the normal export instead
+    _one_line(runner.invoke(app, ["calibrate", str(raw), "--images", str(CALIB), "-o", str(out)]), "preprocessing folded")
+    _one_line(runner.invoke(app, ["convert-fp16", str(raw), "-o", str(out)]), "preprocessing folded")
     assert not out.parent.exists() or not list(out.parent.iterdir())
     with pytest.raises(VitdeployError, match="--eval"):
         calibrate(model, CALIB, out, max_drop=1.0)

@@ -69,6 +69,11 @@ def _load(model_onnx: str | Path) -> tuple[Any, Manifest]:
     if not p.is_file():
         raise VitdeployError(f"{p}: no such ONNX model; export one with `vitdeploy export`")
     manifest = read_onnx_manifest(p)
+    if (manifest.extra.get("input") or {}).get("preprocess_in_graph"):  # written by `export --embed-preprocess`
+        raise VitdeployError(
+            f"{p} has the preprocessing folded into its graph: convert or calibrate the normal export (model.onnx), "
+            "then fold the preprocessing into the result"
+        )
     try:
         model = onnx.load(str(p))
     except Exception as e:
