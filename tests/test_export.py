@@ -66,7 +66,7 @@ def test_digits_export_passes_parity_at_1_7_32(digits_export, digits_ckpt: Path)
     r = digits_export
     assert r.parity is not None and r.parity.passed
     assert [b.batch_size for b in r.parity] == [1, 7, 32]
-    assert r.parity.source == "digits" and r.parity.num_images == 40 and not r.parity.warnings
+    assert r.parity.source == "digits" and r.parity.num_images == 32 and not r.parity.warnings
     for b in r.parity:
         assert b.max_abs_diff <= 1e-4 * max(1.0, b.max_abs_logit)
         assert b.top1_mismatches == 0
