@@ -68,3 +68,14 @@ THREES=(digits/val/3/*.png)
 python3 bundle/run.py "${THREES[@]:0:3}"
 bundle/build_engine.sh --dry-run
 echo "bundle:         $(pwd)/bundle/ (copy it to the Jetson: ./build_engine.sh && python3 run.py --check)"
+# --- everyday inference and speed (issue 6)
+echo
+echo "== vitdeploy infer: the digits val images with the newest usable artifact here (INT8 ONNX on a CPU)"
+[ -d digits/val ] || vitdeploy datasets digits digits > /dev/null
+vitdeploy infer digits/val -o predictions.csv
+echo
+echo "== vitdeploy benchmark: the checkpoint and the ONNX models side by side"
+BENCH=(ckpt.pth)
+for f in model.onnx model.fp16.onnx model.int8.onnx; do [ -f "$f" ] && BENCH+=("$f"); done
+vitdeploy benchmark "${BENCH[@]}" --batch-sizes 1,32 --seconds 2 --json benchmark.json
+echo "predictions:    $(pwd)/predictions.csv, speed: $(pwd)/benchmark.json"
