@@ -516,8 +516,8 @@ def check_graph(model: onnx.ModelProto, workdir: Path) -> None:
     path = workdir / "skeleton.onnx"
     weights = workdir / "weights.bin"
     onnx.save_model(skeleton, str(path))
-    with open(weights, "wb") as f:
-        f.truncate(offset)  # sparse: no bytes written
+    with open(weights, "wb") as fh:
+        fh.truncate(offset)  # sparse: no bytes written
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except Exception as e:  # onnx raises ValidationError / InferenceError
