@@ -28,6 +28,10 @@ test: $(BIN)/.installed-$(EXTRA)
 lint: $(BIN)/.installed-$(EXTRA)
 	$(BIN)/ruff check vitdeploy tests
 
+# mypy over the TensorRT modules against tensorrt-stubs (the same check the test suite runs)
+typecheck: $(BIN)/.installed-$(EXTRA)
+	$(BIN)/python -m pytest -q tests/test_engine_mypy.py
+
 demo: $(BIN)/.installed-$(EXTRA)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/demo.sh $(DEMO_DIR)
 
