@@ -216,3 +216,17 @@ def test_variants_of_vitdeploys_own_precision_artifacts(digits_onnx: Path, digit
     files = list_images(digits_folder / "val")[::10]
     for path in (fp16, int8):
         assert compare_on_files(path, embed_preprocess(path), files) <= 1e-3, path.name
+
+
+def test_runner_refuses_raw_variant_with_one_line(digits_onnx: Path, digits_folder: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from vitdeploy.cli import app
+    from vitdeploy.runners import open_runner
+
+    raw = embed_preprocess(digits_onnx, tmp_path / "model.raw.onnx")
+    with pytest.raises(VitdeployError, match="preprocessing folded into the graph"):
+        open_runner(raw)
+    res = CliRunner().invoke(app, ["infer", str(digits_folder / "val" / "3"), "--model", str(raw)])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "preprocessing folded into the graph" in res.stderr

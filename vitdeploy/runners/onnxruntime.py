@@ -43,6 +43,11 @@ class OnnxRuntimeRunner(Runner):
         except Exception as e:
             raise VitdeployError(f"{path}: ONNX Runtime cannot load it ({str(e).splitlines()[0][:160]})") from None
         inp = self.session.get_inputs()[0]
+        if inp.type not in ("tensor(float)", "tensor(float16)") or (len(inp.shape) == 4 and inp.shape[1] != 3):
+            raise VitdeployError(
+                f"{path}: takes {inp.type} {inp.shape} images with the preprocessing folded into the graph; "
+                "run it with the bundle's run.py, or give the model without --embed-preprocess (model.onnx)"
+            )
         self.input_name = inp.name
         self.input_type = inp.type
         self.output_name = self.session.get_outputs()[0].name
