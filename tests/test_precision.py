@@ -384,3 +384,30 @@ def test_verify_shows_fp32_fp16_int8_side_by_side(guarded, int8, fp16: Path, wor
     assert g.agreement == pytest.approx(guarded.figures["agreement"]) and g.top1 == pytest.approx(guarded.figures["int8_top1"])
     # the default INT8 (every layer quantized) is judged by the same rule: passed exactly when agreement >= 99%
     assert d.passed == (d.agreement >= 0.99)
+
+
+def test_fp16_names_stay_unique_when_the_converter_repeats_them() -> None:
+    """The float16 converter names Casts after a shared initializer; ONNX Runtime refuses repeated names."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from vitdeploy.fp16 import to_fp16
+
+    w = onnx.numpy_helper.from_array(np.ones(4, np.float32), "w")
+    b = onnx.numpy_helper.from_array(np.zeros(4, np.float32), "b")
+    nodes = [  # "b" feeds a float16 Add and two float32-kept LayerNorms
+        helper.make_node("Add", ["x", "b"], ["a"], name="add"),
+        helper.make_node("LayerNormalization", ["a", "w", "b"], ["y1"], name="ln1", axis=-1),
+        helper.make_node("Relu", ["y1"], ["r"], name="relu"),
+        helper.make_node("LayerNormalization", ["r", "w", "b"], ["y"], name="ln2", axis=-1),
+    ]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [w, b])
+    m16 = to_fp16(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    names = [n.name for n in m16.graph.node if n.name]
+    outputs = [o for n in m16.graph.node for o in n.output]
+    assert len(names) == len(set(names)) and len(outputs) == len(set(outputs))
+    x = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+    out = ort.InferenceSession(m16.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert out.shape == (2, 4) and np.isfinite(out).all()

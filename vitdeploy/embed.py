@@ -24,6 +24,7 @@ import numpy as np
 
 from vitdeploy.errors import VitdeployError
 from vitdeploy.fileio import atomic_path, sha256_file
+from vitdeploy.graph import toposort
 from vitdeploy.preprocess import Preprocess
 
 RAW_INPUT = "images"
@@ -153,36 +154,10 @@ def embed_model(
         out_dims = _dims(lo)
         del g.output[:]
         g.output.append(helper.make_tensor_value_info("probs", TensorProto.FLOAT, out_dims))
-    _toposort(g)
+    toposort(g, strict=False)
     onnx.checker.check_model(m)
     spec = InputSpec(input_name, dtype, layout.upper(), shape)
     return m, spec
-
-
-def _toposort(g: Any) -> None:
-    """Order the nodes so every input is produced first (converters such as ONNX Runtime's float16 one
-    append their Casts at the end, which runtimes accept but onnx.checker does not)."""
-    available = {i.name for i in g.input} | {i.name for i in g.initializer} | {""}
-    pending = list(g.node)
-    ordered = []
-    while pending:
-        rest = []
-        for n in pending:
-            if all(i in available for i in n.input):
-                ordered.append(n)
-                available.update(n.output)
-            else:
-                rest.append(n)
-        if len(rest) == len(pending):  # inputs from outside (e.g. subgraph scopes): keep their order
-            ordered.extend(rest)
-            break
-        pending = rest
-    if [id(n) for n in ordered] != [id(n) for n in g.node]:
-        copies = [type(n)() for n in ordered]
-        for c, n in zip(copies, ordered, strict=True):
-            c.CopyFrom(n)
-        del g.node[:]
-        g.node.extend(copies)
 
 
 def embed_preprocess(

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vitdeploy.graph import toposort
+
 # Ops kept in float32: normalisation and reductions overflow or lose too much in float16.
 FP32_OPS = [
     "LayerNormalization",
@@ -49,30 +51,34 @@ def to_fp16(model: Any, keep_fp32_nodes: list[str] | None = None) -> Any:
         node_block_list=list(keep_fp32_nodes or []),
     )
     drop_cast_round_trips(m16)
-    toposort(m16)
+    drop_repeated_nodes(m16.graph)
+    toposort(m16.graph)
     return m16
 
 
-def toposort(model: Any) -> None:
-    """Order the nodes so every input is produced before it is read (the converter appends its Casts at the end;
-    the ONNX checker and TensorRT's parser want a sorted graph)."""
-    g = model.graph
-    known = {i.name for i in g.input} | {i.name for i in g.initializer} | {""}
-    pending = list(g.node)
-    ordered: list[Any] = []
-    while pending:
-        rest = []
-        for n in pending:
-            if all(i in known for i in n.input):
-                ordered.append(n)
-                known.update(n.output)
-            else:
-                rest.append(n)
-        if len(rest) == len(pending):
-            raise ValueError(f"graph has a cycle or a missing input at {rest[0].name}")
-        pending = rest
-    g.ClearField("node")
-    g.node.extend(ordered)
+def drop_repeated_nodes(graph: Any) -> int:
+    """Remove nodes that repeat an earlier node exactly (same op, inputs, outputs and attributes).
+
+    The float16 converter gives an initializer shared by several float32-kept consumers one Cast per
+    consumer, all with the same node and output name (when the exporter has deduplicated equal weights),
+    which ONNX Runtime refuses to load; one Cast serves them all.
+    """
+    seen: dict[tuple[str, ...], Any] = {}
+    keep, dropped = [], 0
+    for n in graph.node:
+        key = (n.op_type, n.domain, *n.input, "->", *n.output, *sorted(a.SerializeToString().hex() for a in n.attribute))
+        if n.output and key in seen:
+            dropped += 1
+            continue
+        seen[key] = n
+        keep.append(n)
+    if dropped:
+        copies = [type(n)() for n in keep]
+        for c, n in zip(copies, keep, strict=True):
+            c.CopyFrom(n)
+        del graph.node[:]
+        graph.node.extend(copies)
+    return dropped
 
 
 def drop_cast_round_trips(model: Any) -> int:
