@@ -299,3 +299,15 @@ def test_check_graph_rejects_broken_graphs(digits_export, tmp_path: Path) -> Non
     with pytest.raises(VitdeployError, match="fails onnx.checker"):
         check_graph(dangling, tmp_path)
     assert list(tmp_path.iterdir()) == []  # its scratch files are gone
+
+
+def test_headless_model_is_refused_in_one_line(tmp_path: Path) -> None:
+    p = get_preset("vit-digits")
+    cfg = p.config.with_(depth=1, num_classes=0)
+    ck = save_checkpoint(tmp_path / "enc.pth", VisionTransformer(cfg),
+                         Manifest(model=cfg.to_dict(), labels=[], preprocess=dict(p.preprocess), name=p.name))
+    out = tmp_path / "model.onnx"
+    res = CliRunner().invoke(app, ["export", str(ck), "-o", str(out)])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "without a classification head" in res.stderr and "--init" in res.stderr
+    assert not out.exists()

@@ -599,6 +599,11 @@ def export_onnx(
     step("load", path=str(checkpoint))
     t = time.perf_counter()
     ck = load_any(checkpoint, arch=arch, labels=labels)
+    if int(ck.manifest.model.get("num_classes", 0)) <= 0:
+        raise VitdeployError(
+            f"{checkpoint}: a model without a classification head (num_classes 0) has no logits to export; "
+            "fine-tune it first: vitdeploy train DATA_DIR --init " + str(checkpoint)
+        )
     model = ck.build()
     manifest = ck.manifest
     del ck  # the state dict is in the model now; vit-huge's 2.5 GB need not be held twice

@@ -28,7 +28,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-console = Console()
+# Not a terminal (a log, a pipe, CI): wide enough that tables keep artifact names on one line.
+console = Console() if sys.stdout.isatty() else Console(width=160)
 err_console = Console(stderr=True)
 _state = {"debug": False}
 
