@@ -12,7 +12,6 @@ optimizations, ``intra_op_num_threads = cores``, one inter-op thread, sequential
 from __future__ import annotations
 
 import math
-import os
 import platform
 import tempfile
 import time
@@ -24,16 +23,12 @@ from typing import Any
 import numpy as np
 
 from vitdeploy.errors import VitdeployError
-from vitdeploy.runners import BACKENDS, artifact_kind
+from vitdeploy.runners import BACKENDS, BACKENDS_OF_KIND, artifact_kind
+from vitdeploy.runners.base import available_cores
 
 DEFAULT_BATCH_SIZES = (1, 8, 32)
 DEFAULT_SECONDS = 5.0
 ROUNDS = 5
-_BACKEND_OF_KIND = {"checkpoint": ("torch",), "onnx": ("onnxruntime",), "engine": ("tensorrt",)}
-
-
-def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 @dataclass
@@ -121,8 +116,8 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
     return {
         "cpu": cpu_model(),
         "cpu_flags": cpu_flags(),
-        "cores": cores(),
-        "threads": threads or cores(),
+        "cores": available_cores(),
+        "threads": threads or available_cores(),
         "gpu": gpu_names() or None,
         "os": platform.platform(),
     }
@@ -147,7 +142,7 @@ def rows_for(models: Sequence[str | Path], backends: Sequence[str] | None = None
         p = Path(m)
         if not p.exists():
             raise VitdeployError(f"{p}: no such file; pass a checkpoint, ONNX model or engine (or use --preset NAME)")
-        for b in _BACKEND_OF_KIND[artifact_kind(p)]:
+        for b in BACKENDS_OF_KIND[artifact_kind(p)]:
             if not backends or b in backends:
                 out.append((p, b))
     if not out:
@@ -259,7 +254,7 @@ def benchmark(
         raise VitdeployError("--seconds must be positive")
     if device not in ("cpu", "cuda"):
         raise VitdeployError(f"--device {device!r}: choose cpu or cuda")
-    threads = threads or cores()
+    threads = threads or available_cores()
     notes: list[str] = []
     runners = []
     try:
@@ -315,12 +310,6 @@ def _random_checkpoint(preset: str, folder: Path, seed: int) -> Path:
         raise VitdeployError(str(e)) from None
     torch.manual_seed(seed)
     model = build_model(pr.config).eval()
-    with torch.no_grad():  # like trained weights, no two biases or norms equal (exporters share equal initializers)
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0.0, 0.02)
-            elif ".norm" in name or name.startswith("norm"):
-                p.normal_(1.0, 0.02)
     manifest = Manifest(
         model=pr.config.to_dict(),
         labels=[f"class_{i}" for i in range(pr.config.num_classes)],
@@ -378,9 +367,10 @@ def preset_artifacts(
     except VitdeployError as e:
         notes.append(f"FP16 ONNX not made: {e}")
     say("quantizing to INT8 (random calibration images)")
-    from vitdeploy.manifest import read_manifest
+    from vitdeploy.model import get_preset
 
-    size = read_manifest(ckpt).input_size
+    h, w = get_preset(preset).preprocess["input_size"]  # the checkpoint's, without reading it back
+    size = (int(h), int(w))
     calib = _random_images(d / "calibration", calib_images, size, seed)
     try:
         res = calibrate(onnx_path, images=calib, out=d / "model.int8.onnx", num_images=calib_images,

@@ -25,7 +25,7 @@ import numpy as np
 from vitdeploy.embed import embed_preprocess, raw_batch, raw_variant_name
 from vitdeploy.errors import UsageError, VitdeployError
 from vitdeploy.fileio import sha256_file
-from vitdeploy.manifest import Manifest, read_onnx_manifest, tool_versions
+from vitdeploy.manifest import ENGINE_SUFFIXES, Manifest, read_onnx_manifest, tool_versions
 from vitdeploy.preprocess import list_images, resized_uint8, to_array
 
 FORMAT = "vitdeploy-bundle/1"
@@ -99,7 +99,7 @@ def resolve_models(models: Sequence[str | Path], workdir: Path, cwd: Path | None
     for p in paths:
         if not p.exists():
             raise VitdeployError(f"{p}: no such file")
-        if p.suffix in (".engine", ".plan", ".trt"):
+        if p.suffix in ENGINE_SUFFIXES:
             raise UsageError(
                 f"{p}: engines are tied to the GPU and TensorRT that built them; bundle the ONNX and run build_engine.sh on the device"
             )

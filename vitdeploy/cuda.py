@@ -78,10 +78,8 @@ class CudaRuntime:
         for name, args in {
             "cudaGetDeviceCount": [ctypes.POINTER(i)],
             "cudaSetDevice": [i],
-            "cudaGetDevice": [ctypes.POINTER(i)],
             "cudaDeviceGetAttribute": [ctypes.POINTER(i), i, i],
             "cudaRuntimeGetVersion": [ctypes.POINTER(i)],
-            "cudaDriverGetVersion": [ctypes.POINTER(i)],
             "cudaMalloc": [ctypes.POINTER(vp), sz],
             "cudaFree": [vp],
             "cudaMallocHost": [ctypes.POINTER(vp), sz],
@@ -113,11 +111,6 @@ class CudaRuntime:
 
     def set_device(self, device: int) -> None:
         self.check(self.lib.cudaSetDevice(device), f"cudaSetDevice({device})")
-
-    def current_device(self) -> int:
-        d = ctypes.c_int(0)
-        self.check(self.lib.cudaGetDevice(ctypes.byref(d)), "cudaGetDevice")
-        return d.value
 
     def compute_capability(self, device: int = 0) -> tuple[int, int]:
         major, minor = ctypes.c_int(0), ctypes.c_int(0)

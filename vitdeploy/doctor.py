@@ -83,16 +83,13 @@ def probe_tensorrt() -> dict[str, Any]:
     libs = sorted(glob.glob("/usr/lib/*-linux-gnu/libnvinfer.so.*")) + sorted(glob.glob("/usr/lib/libnvinfer.so.*"))
     if libs:
         out["libnvinfer"] = libs[-1]
-    try:
-        import tensorrt as trt  # type: ignore[import-not-found]
+    from vitdeploy.engine import import_tensorrt
 
-        if not hasattr(trt, "__version__"):  # e.g. only tensorrt-stubs' .pyi files: a namespace package
-            out["why"] = "no TensorRT (the tensorrt module here holds no bindings: type stubs only?)"
-            return out
+    trt = import_tensorrt()
+    if isinstance(trt, str):
+        out["why"] = trt
+    else:
         out.update(available=True, version=str(trt.__version__))
-    except Exception as e:  # noqa: BLE001
-        why = "not installed" if isinstance(e, ModuleNotFoundError) else f"installed but cannot load ({type(e).__name__}: {str(e)[:120]})"
-        out["why"] = f"TensorRT Python bindings {why}"
     return out
 
 

@@ -175,16 +175,19 @@ def embed_preprocess(
     """
     import onnx
 
-    from vitdeploy.manifest import read_onnx_manifest, set_onnx_manifest
+    from vitdeploy.manifest import manifest_from_onnx, set_onnx_manifest
 
     src = Path(onnx_path)
-    manifest = read_onnx_manifest(src)
+    try:
+        model = onnx.load(str(src))
+    except Exception as e:
+        raise VitdeployError(f"{src}: not a readable ONNX model ({type(e).__name__}); re-export it") from None
+    manifest = manifest_from_onnx(model, src)
     if manifest.extra.get("input", {}).get("preprocess_in_graph"):
         raise VitdeployError(f"{src}: preprocessing is already in this graph; embed into the normal export")
     dest = Path(out) if out is not None else src.with_name(raw_variant_name(src.name))
     if dest.resolve() == src.resolve():
         raise VitdeployError(f"{dest}: the variant would overwrite its source; choose another output name")
-    model = onnx.load(str(src))
     new, spec = embed_model(model, manifest.pp(), dtype=dtype, layout=layout, input_name=input_name, softmax=softmax)
     derived = manifest.derive(
         source={"artifact": src.name, "sha256": sha256_file(src), "kind": "onnx"},
@@ -206,13 +209,13 @@ def record_raw_variant(onnx_path: str | Path, variant: str | Path) -> None:
     """
     import onnx
 
-    from vitdeploy.manifest import read_onnx_manifest, set_onnx_manifest
+    from vitdeploy.manifest import manifest_from_onnx, set_onnx_manifest
 
     src = Path(onnx_path)
     model = onnx.load(str(src), load_external_data=False)
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         return
-    set_onnx_manifest(model, read_onnx_manifest(src).derive(raw_variant=Path(variant).name))
+    set_onnx_manifest(model, manifest_from_onnx(model, src).derive(raw_variant=Path(variant).name))
     with atomic_path(src) as tmp:
         onnx.save(model, str(tmp))
 

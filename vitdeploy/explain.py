@@ -380,17 +380,14 @@ def _onnx_attention(path: Path, threads: int | None = None) -> AttentionModel:
     import onnx
     import onnxruntime as ort
 
-    from vitdeploy.manifest import ONNX_KEY
+    from vitdeploy.manifest import manifest_from_onnx
     from vitdeploy.runners.onnxruntime import session_options
 
     try:
         model = onnx.load(str(path))
     except Exception as e:
         raise VitdeployError(f"{path}: not a readable ONNX model ({type(e).__name__}); re-export it") from None
-    meta = {p.key: p.value for p in model.metadata_props}
-    if ONNX_KEY not in meta:
-        raise VitdeployError(f"{path}: an ONNX model without a vitdeploy manifest; export it with `vitdeploy export`")
-    manifest = Manifest.from_json(meta[ONNX_KEY])
+    manifest = manifest_from_onnx(model, path)
     names = softmax_outputs(model)
     depth = int(manifest.model.get("depth", len(names)))
     if len(names) != depth:

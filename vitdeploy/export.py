@@ -33,6 +33,7 @@ import numpy as np
 
 from vitdeploy.errors import VitdeployError
 from vitdeploy.manifest import Manifest, set_onnx_manifest, tool_versions
+from vitdeploy.verify import logit_limit
 
 if TYPE_CHECKING:
     import onnx
@@ -213,7 +214,7 @@ def check_parity(
 
     from vitdeploy.runners.onnxruntime import OnnxRuntimeRunner
 
-    model, _ = _torch_model(checkpoint_or_model, arch, labels)
+    model = _torch_model(checkpoint_or_model, arch, labels)
     runner = OnnxRuntimeRunner(onnx_path)
     count = int(max(batch_sizes))
     x, distinct, source, notes, skipped = _parity_inputs(runner.manifest, images, count)
@@ -231,7 +232,7 @@ def check_parity(
                 batch_size=int(bs),
                 max_abs_diff=float(np.abs(got - ref).max()),
                 max_abs_logit=max_logit,
-                tolerance=rtol * max(1.0, max_logit),
+                tolerance=logit_limit(rtol, max_logit),
                 top1_mismatches=int((got.argmax(-1) != ref.argmax(-1)).sum()),
             )
         )
@@ -239,15 +240,15 @@ def check_parity(
     return ParityReport(results, source, distinct, notes, skipped)
 
 
-def _torch_model(obj: Any, arch: str | None = None, labels: str | Path | None = None) -> tuple[torch.nn.Module, Manifest | None]:
+def _torch_model(obj: Any, arch: str | None = None, labels: str | Path | None = None) -> torch.nn.Module:
     from torch import nn
 
     from vitdeploy.checkpoint import Checkpoint, load_any
 
     if isinstance(obj, nn.Module):
-        return obj.eval(), None
+        return obj.eval()
     ck = obj if isinstance(obj, Checkpoint) else load_any(obj, arch=arch, labels=labels)
-    return ck.build(), ck.manifest
+    return ck.build()
 
 
 # --- export ---------------------------------------------------------------------------------
@@ -572,14 +573,13 @@ def export_onnx(
     images: str | Path | None = None,
     arch: str | None = None,
     labels: str | Path | None = None,
-    verbose: bool = False,
     progress: Progress | None = None,
 ) -> ExportResult:
     """Export a checkpoint to ONNX (dynamic batch, manifest inside) and, with ``check``, prove parity.
 
     Everything is written into a temporary folder beside ``out`` and moved into place
     only after the checker and the parity check pass; a failure leaves an earlier
-    ``out`` untouched. ``verbose`` is kept for the CLI (node counts are always in the result).
+    ``out`` untouched. Node counts by op type are in the result.
     """
     import onnx
 

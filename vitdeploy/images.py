@@ -7,7 +7,6 @@ folder of any size. Used by verify, calibration and infer.
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from vitdeploy.preprocess import ImageReadError, Preprocess, preprocess_file
+from vitdeploy.runners.base import available_cores
 
 
 @dataclass
@@ -28,8 +28,7 @@ class Batch:
 
 
 def default_workers() -> int:
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(4, n))
+    return max(1, min(4, available_cores()))
 
 
 def iter_batches(

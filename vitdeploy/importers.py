@@ -356,7 +356,7 @@ def load_hf_folder(folder: str | Path, labels: str | Path | None = None) -> Chec
         raise VitdeployError(f"{d / HF_CONFIG}: {e}") from None
     _check_fits(state, cfg, str(d))
     if labels is not None:
-        names = _check_label_count(read_labels(labels), n_cls, str(labels))
+        names = labels_for(labels, n_cls)
     else:
         id2label = cfg_json.get("id2label") or {}
         try:
@@ -523,7 +523,7 @@ def load_timm(path: str | Path, arch: str, labels: str | Path | None = None, loa
     state = _float32(sd)
     _check_fits(state, cfg, str(p))
     n = cfg.num_classes
-    names = _check_label_count(read_labels(labels), n, str(labels)) if labels is not None else [f"class_{i}" for i in range(n)]
+    names = labels_for(labels, n) if labels is not None else [f"class_{i}" for i in range(n)]
     source = {"format": "timm", "path": str(p.resolve()), "arch": arch, "state_dict_key": key}
     name = spec.name + (f".{spec.tag}" if spec.tag else "")
     return Checkpoint(_manifest(cfg, names, dict(spec.preprocess), name, source), state)

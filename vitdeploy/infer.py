@@ -21,6 +21,7 @@ import numpy as np
 from vitdeploy.errors import VitdeployError
 from vitdeploy.fileio import atomic_path
 from vitdeploy.images import iter_batches
+from vitdeploy.manifest import ENGINE_SUFFIXES
 from vitdeploy.preprocess import list_images
 from vitdeploy.runners import BACKENDS, artifact_kind, open_runner
 
@@ -81,8 +82,6 @@ def _precision_from_name(p: Path) -> str:
 
 def tensorrt_missing() -> str | None:
     """Why TensorRT cannot be used here (a type-stubs-only ``tensorrt`` folder counts as missing), or None."""
-    if importlib.util.find_spec("tensorrt") is None:
-        return "TensorRT is not installed (no Python module `tensorrt`)"
     from vitdeploy.engine import import_tensorrt
 
     trt = import_tensorrt()
@@ -136,7 +135,7 @@ def candidate_models(folder: str | Path = ".", backend: str = "auto") -> list[Pa
 
     out: list[Path] = []
     if backend in ("auto", "tensorrt") and (backend == "tensorrt" or tensorrt_usable()):
-        engines = [p for s in (".engine", ".plan", ".trt") for p in visible(f"*{s}")]
+        engines = [p for s in ENGINE_SUFFIXES for p in visible(f"*{s}")]
         out += sorted(newest_first(engines), key=lambda p: PRECISION_RANK[_precision_from_name(p)])
     if backend in ("auto", "onnxruntime"):
         order = PRECISION_RANK if onnx_gpu_usable() else {"int8": 0, "fp32": 1, "fp16": 2}

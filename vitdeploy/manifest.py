@@ -20,6 +20,7 @@ from vitdeploy.preprocess import Preprocess
 FORMAT = "vitdeploy-manifest/1"
 ONNX_KEY = "vitdeploy.manifest"
 CKPT_KEY = "vitdeploy_manifest"
+ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 
 
 @dataclass
@@ -116,6 +117,11 @@ def read_onnx_manifest(path: str | Path) -> Manifest:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:
         raise VitdeployError(f"{path}: not a readable ONNX model ({type(e).__name__}); re-export it") from None
+    return manifest_from_onnx(model, path)
+
+
+def manifest_from_onnx(model: Any, path: str | Path) -> Manifest:
+    """The manifest of an onnx.ModelProto already in memory (``path`` names it in the error)."""
     for p in model.metadata_props:
         if p.key == ONNX_KEY:
             return Manifest.from_json(p.value)
@@ -145,7 +151,7 @@ def read_manifest(path: str | Path) -> Manifest:
         raise VitdeployError(f"{p}: no such file or folder")
     if p.suffix == ".onnx":
         return read_onnx_manifest(p)
-    if p.suffix in (".engine", ".plan", ".trt"):
+    if p.suffix in ENGINE_SUFFIXES:
         side = sidecar_path(p)
         if not side.exists():
             raise VitdeployError(f"{p}: no sidecar {side.name} beside the engine; rebuild it with `vitdeploy build-engine`")

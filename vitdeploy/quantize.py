@@ -93,10 +93,12 @@ def head_nodes(model: Any) -> set[str]:
     return out
 
 
-def find_layers(model: Any, include_head: bool = False) -> list[Layer]:
-    """Every layer the INT8 graph may quantize, in graph order (attention matmuls included; callers filter)."""
+def find_layers(model: Any) -> list[Layer]:
+    """Every layer the INT8 graph may quantize, in graph order (attention matmuls included; callers filter).
+
+    The classification head stays in float."""
     consts = _constants(model)
-    head = set() if include_head else head_nodes(model)
+    head = head_nodes(model)
     layers: list[Layer] = []
     for n in model.graph.node:
         if n.name in head:
@@ -112,9 +114,6 @@ def find_layers(model: Any, include_head: bool = False) -> list[Layer]:
                     layers.append(Layer(n.name, "linear", (a,), b, 1, 1))
             elif a not in consts and b not in consts:
                 layers.append(Layer(n.name, "attention", (a, b)))
-        elif n.op_type == "Gemm" and include_head and n.input[1] in consts:
-            trans_b = next((x.i for x in n.attribute if x.name == "transB"), 0)
-            layers.append(Layer(n.name, "linear", (n.input[0],), n.input[1], 1, 0 if trans_b else 1))
     return layers
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from vitdeploy.errors import VitdeployError
 from vitdeploy.fileio import atomic_path, write_text_atomic
+from vitdeploy.verify import logit_limit
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -107,7 +108,7 @@ def plot_delta_histogram(candidate: ArtifactResult, reference: ArtifactResult, p
         ax.axvline(d_mean, color="#4c72b0", lw=1, ls=":", label=f"mean {d_mean:.2e}")
         tol = candidate.tolerance
         if tol is not None and tol.rtol is not None:  # verify's bound for this candidate
-            limit = tol.rtol * max(1.0, float(np.abs(reference.logits).max()) if reference.logits.size else 1.0)
+            limit = logit_limit(tol.rtol, reference.max_abs_logit)
             ax.axvline(limit, color="#2e7d32", lw=1.5, label=f"limit {limit:.2e}")
             lo_x, hi_x = ax.get_xlim()
             ax.set_xlim(min(lo_x, limit / 3), max(hi_x, limit * 3))

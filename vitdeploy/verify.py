@@ -21,6 +21,11 @@ from vitdeploy.manifest import Manifest
 Progress = Callable[[str, dict[str, Any]], None]
 
 
+def logit_limit(rtol: float, ref_max_abs_logit: float) -> float:
+    """The largest |Δlogit| allowed: rtol × max(1, max |reference logit|), the rule export and verify share."""
+    return rtol * max(1.0, ref_max_abs_logit)
+
+
 @dataclass(frozen=True)
 class Tolerance:
     """When a candidate still answers like the reference.
@@ -255,7 +260,7 @@ def compare(
     if tolerance is not None and n:
         ref_max = float(np.abs(ref).max())
         if tolerance.rtol is not None:
-            limit = tolerance.rtol * max(1.0, ref_max)
+            limit = logit_limit(tolerance.rtol, ref_max)
             if res.max_abs_diff > limit:
                 res.failures.append(
                     f"max |Δlogit| {res.max_abs_diff:.2e} > {limit:.2e} ({tolerance.rtol:g} × max(1, {ref_max:.3g}))"
@@ -306,10 +311,10 @@ def verify(
         # each artifact is loaded once (a checkpoint's manifest costs a full torch.load), and
         # checked against the reference as soon as it is open
         for i, a in enumerate(artifacts):
-            want = backend if i > 0 and backend != "auto" and default_backend(a) == backend else "auto"
-            if i > 0 and backend not in ("auto", default_backend(a)):
-                notes.append(f"{a}: a {artifact_kind(a)} runs on {default_backend(a)}, not {backend}")
-            runners.append(open_runner(a, backend=want, threads=threads, device=device))
+            natural = default_backend(a)  # each artifact runs on its own backend; --backend only notes a mismatch
+            if i > 0 and backend not in ("auto", natural):
+                notes.append(f"{a}: a {artifact_kind(a)} runs on {natural}, not {backend}")
+            runners.append(open_runner(a, threads=threads, device=device))
             if i > 0:
                 _check_compatible([(str(artifacts[0]), runners[0].manifest), (str(a), runners[i].manifest)])
         ref_manifest = runners[0].manifest

@@ -48,7 +48,7 @@ def export(
             prog.update(task, info=_STAGES.get(stage, stage))
 
         result = export_onnx(checkpoint, out, opset=opset, check=check, images=images, arch=arch, labels=labels,
-                             verbose=verbose, progress=on_step)
+                             progress=on_step)
     if verbose:
         console.print("nodes by op type: " + ", ".join(f"{op} {n}" for op, n in result.node_counts.items()), highlight=False)
         console.print(f"{sum(result.node_counts.values())} nodes; steps: "

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from vitdeploy.cli.app import app, console, err_console, handle_errors
+from vitdeploy.precision import DEFAULT_METHOD, DEFAULT_QUANTIZE_ATTENTION
 
 
 @app.command()
@@ -18,8 +19,8 @@ def calibrate(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="INT8 model to write (default: MODEL.int8.onnx beside MODEL)."),
     num_images: int = typer.Option(512, help="Images sampled from --images (all when fewer; a warning below 100)."),
     batch_size: int = typer.Option(32, help="Calibration batch size."),
-    method: str = typer.Option("entropy", help="Activation ranges: entropy (KL, TensorRT's legacy calibrator), minmax or percentile (99.99%)."),
-    quantize_attention: bool = typer.Option(False, "--quantize-attention/--no-quantize-attention", help="Also quantize the two attention matmuls (Q·Kᵀ, P·V)."),
+    method: str = typer.Option(DEFAULT_METHOD, help="Activation ranges: entropy (KL, TensorRT's legacy calibrator), minmax or percentile (99.99%)."),
+    quantize_attention: bool = typer.Option(DEFAULT_QUANTIZE_ATTENTION, "--quantize-attention/--no-quantize-attention", help="Also quantize the two attention matmuls (Q·Kᵀ, P·V)."),
     float_type: str = typer.Option("fp32", "--float", help="Type of everything left unquantized: fp32 (ONNX Runtime on a CPU) or fp16 (TensorRT)."),
     seed: int = typer.Option(0, help="Seed of the image sample."),
     max_drop: Optional[float] = typer.Option(None, "--max-drop", help="Top-1 drop budget in points against FP32 on --eval; sensitive layers are kept in float until it fits (exit 1 if it cannot)."),

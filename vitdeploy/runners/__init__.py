@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from vitdeploy.errors import VitdeployError
+from vitdeploy.manifest import ENGINE_SUFFIXES
 from vitdeploy.runners.base import Runner
 
-ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 BACKENDS = ("auto", "torch", "onnxruntime", "tensorrt")
+# The backends that can run each kind of artifact.
+BACKENDS_OF_KIND = {"checkpoint": ("torch",), "onnx": ("onnxruntime",), "engine": ("tensorrt",)}
 
 
 def artifact_kind(path: str | Path) -> str:
@@ -34,7 +36,7 @@ def open_runner(path: str | Path, backend: str = "auto", threads: int | None = N
         raise VitdeployError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     kind = artifact_kind(p)
     want = default_backend(p) if backend == "auto" else backend
-    ok = {"checkpoint": ("torch",), "onnx": ("onnxruntime",), "engine": ("tensorrt",)}[kind]
+    ok = BACKENDS_OF_KIND[kind]
     if want not in ok:
         raise VitdeployError(f"{p}: a {kind} runs on {'/'.join(ok)}, not {want}")
     if want == "torch":
@@ -51,4 +53,4 @@ def open_runner(path: str | Path, backend: str = "auto", threads: int | None = N
     return TensorRTRunner(p)
 
 
-__all__ = ["Runner", "open_runner", "artifact_kind", "default_backend", "BACKENDS"]
+__all__ = ["Runner", "open_runner", "artifact_kind", "default_backend", "BACKENDS", "BACKENDS_OF_KIND"]

@@ -7,6 +7,7 @@ and benchmark only ever see this interface.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,11 @@ from typing import Any
 import numpy as np
 
 from vitdeploy.manifest import Manifest
+
+
+def available_cores() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class Runner(ABC):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +9,7 @@ import numpy as np
 
 from vitdeploy.errors import VitdeployError
 from vitdeploy.manifest import read_onnx_manifest
-from vitdeploy.runners.base import Runner
+from vitdeploy.runners.base import Runner, available_cores
 
 
 def session_options(threads: int | None = None) -> Any:
@@ -20,7 +19,7 @@ def session_options(threads: int | None = None) -> Any:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.intra_op_num_threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    so.intra_op_num_threads = threads or available_cores()
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
     return so
