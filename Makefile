@@ -30,7 +30,7 @@ lint: $(BIN)/.installed-$(EXTRA)
 
 # mypy over the TensorRT modules against tensorrt-stubs (the same check the test suite runs)
 typecheck: $(BIN)/.installed-$(EXTRA)
-	$(BIN)/python -m pytest -q tests/test_engine_mypy.py
+	$(BIN)/python -m pytest -q tests/test_typecheck.py tests/test_engine_mypy.py
 
 demo: $(BIN)/.installed-$(EXTRA)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/demo.sh $(DEMO_DIR)

@@ -25,9 +25,9 @@ TARGET_S = 60.0
 def make_ckpt(path: Path, preset: str, num_classes: int) -> Path:
     import torch
 
-    from vitdeploy.checkpoint import save_checkpoint
-    from vitdeploy.manifest import Manifest
-    from vitdeploy.model import VisionTransformer, get_preset
+    from vitdeploy.core.manifest import Manifest
+    from vitdeploy.model.checkpoint import save_checkpoint
+    from vitdeploy.model.vit import VisionTransformer, get_preset
 
     p = get_preset(preset)
     cfg = p.config.with_(image_size=(224, 224), num_classes=num_classes)
@@ -51,7 +51,7 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from vitdeploy.export import export_onnx
+    from vitdeploy.stages.export import export_onnx
 
     work = args.dir or Path(tempfile.mkdtemp(prefix="bench_export."))
     work.mkdir(parents=True, exist_ok=True)

@@ -68,9 +68,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
 
-    from vitdeploy.bench import benchmark, library_versions, machine_info, preset_artifacts
-    from vitdeploy.infer import infer
     from vitdeploy.runners import open_runner
+    from vitdeploy.tools.bench import benchmark, library_versions, machine_info, preset_artifacts
+    from vitdeploy.tools.infer import infer
 
     t = time.perf_counter()
     photos = write_photos(args.folder, args.images)

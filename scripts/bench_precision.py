@@ -6,7 +6,7 @@
     .venv/bin/python scripts/bench_precision.py --accuracy-sweep ckpt.pth  # accuracy of every method (digits)
 
 Builds a random-weight checkpoint of the preset, exports it with vitdeploy's
-exporter, calibrates INT8 with vitdeploy.precision.calibrate on real photographs
+exporter, calibrates INT8 with vitdeploy.stages.precision.calibrate on real photographs
 (scikit-image's samples, cropped at random), and times every model in turn for
 ``--rounds`` rounds of ``--iters`` calls each, so load from other processes hits
 them alike. Prints images/s (median over rounds) and INT8/FP32 (and FP16/FP32)
@@ -50,11 +50,11 @@ def photos(folder: Path, n: int, seed: int) -> Path:
 def accuracy_sweep(ckpt: Path, folder: Path) -> None:
     """Every calibration method, with and without the attention matmuls quantized, plus FP16: top-1 and agreement
     against FP32 on the digits validation split (the measurements behind the defaults)."""
-    from vitdeploy.data import write_digits
-    from vitdeploy.export import export_onnx
-    from vitdeploy.guard import figures, load_eval_set, logits
-    from vitdeploy.manifest import read_onnx_manifest
-    from vitdeploy.precision import calibrate, convert_fp16
+    from vitdeploy.checks.guard import figures, load_eval_set, logits
+    from vitdeploy.core.manifest import read_onnx_manifest
+    from vitdeploy.model.data import write_digits
+    from vitdeploy.stages.export import export_onnx
+    from vitdeploy.stages.precision import calibrate, convert_fp16
 
     calib = Path(__file__).resolve().parents[1] / "calibration"
     folder.mkdir(parents=True, exist_ok=True)
@@ -115,12 +115,12 @@ def main() -> None:
 
     import torch
 
-    from vitdeploy.checkpoint import save_checkpoint
-    from vitdeploy.export import export_onnx
-    from vitdeploy.manifest import Manifest
-    from vitdeploy.model import VisionTransformer, get_preset
-    from vitdeploy.precision import calibrate, convert_fp16
+    from vitdeploy.core.manifest import Manifest
+    from vitdeploy.model.checkpoint import save_checkpoint
+    from vitdeploy.model.vit import VisionTransformer, get_preset
     from vitdeploy.runners import open_runner
+    from vitdeploy.stages.export import export_onnx
+    from vitdeploy.stages.precision import calibrate, convert_fp16
 
     tmp = tempfile.TemporaryDirectory(prefix="bench-precision-")
     d = a.keep or Path(tmp.name)
@@ -181,7 +181,7 @@ def main() -> None:
             for _ in range(a.iters):
                 runners[k](x)
             per_round[k].append(a.batch * a.iters / (time.perf_counter() - t0))
-    from vitdeploy.bench import cpu_flags, cpu_model
+    from vitdeploy.tools.bench import cpu_flags, cpu_model
 
     ips = {k: statistics.median(v) for k, v in per_round.items()}
     print(f"{a.preset} at {h}x{w}, batch {a.batch}, ONNX Runtime CPU ({cpu_model()}; {', '.join(cpu_flags())}), "

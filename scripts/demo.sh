@@ -68,6 +68,7 @@ THREES=(digits/val/3/*.png)
 python3 bundle/run.py "${THREES[@]:0:3}"
 bundle/build_engine.sh --dry-run
 echo "bundle:         $(pwd)/bundle/ (copy it to the Jetson: ./build_engine.sh && python3 run.py --check)"
+echo "C++ example:    $(pwd)/bundle/cpp/ (on the Jetson: cmake -S cpp -B cpp/build && cmake --build cpp/build; see bundle/README.md)"
 # --- everyday inference and speed (issue 6)
 echo
 echo "== vitdeploy infer: the digits val images with the newest usable artifact here (INT8 ONNX on a CPU)"

@@ -48,7 +48,7 @@ MODES = ["L", "LA", "P", "RGBA", "CMYK", "I;16", "RGB", "1", "F"]
 @pytest.fixture(scope="session")
 def digits_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded digits set written as an ImageFolder (train/, val/) of PNGs."""
-    from vitdeploy.data import write_digits
+    from vitdeploy.model.data import write_digits
 
     out = tmp_path_factory.mktemp("digits")
     write_digits(out)
@@ -58,7 +58,7 @@ def digits_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def mixed_mode_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 3-class ImageFolder of real digit scans saved in every PIL mode, at various sizes."""
-    from vitdeploy.data import digits_images
+    from vitdeploy.model.data import digits_images
 
     imgs, y = digits_images()
     root = tmp_path_factory.mktemp("mixed")
@@ -78,7 +78,7 @@ def mixed_mode_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def digits_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A digits ViT trained for a few epochs on the embedded set (shared by export/verify/precision tests)."""
-    from vitdeploy.train import TrainOptions, train
+    from vitdeploy.model.train import TrainOptions, train
 
     out = tmp_path_factory.mktemp("ckpt") / "ckpt.pth"
     train(None, TrainOptions(epochs=12, out=out, seed=0))

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from vitdeploy.bench import benchmark, machine_info, measure, ratios_between, rows_for
 from vitdeploy.cli import app
-from vitdeploy.errors import VitdeployError
+from vitdeploy.core.errors import VitdeployError
+from vitdeploy.tools.bench import benchmark, machine_info, measure, ratios_between, rows_for
 
 cli = CliRunner()
+# OpenVINO rows appear beside ONNX Runtime's where OpenVINO is installed (the cpu extra)
+OV = importlib.util.find_spec("openvino") is not None
 ROW_KEYS = {"artifact", "backend", "precision", "batch", "iterations", "throughput", "p50_ms", "p90_ms", "p99_ms"}
 
 
 @pytest.fixture(scope="module")
 def digits_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A random-weight vit-digits checkpoint and its ONNX: speed needs no training."""
-    from vitdeploy.bench import _pipeline, _random_checkpoint
+    from vitdeploy.tools.bench import _pipeline, _random_checkpoint
 
     export_onnx = _pipeline()[0]
     d = tmp_path_factory.mktemp("bench_models")
@@ -37,13 +40,14 @@ def test_preset_benchmark_json(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     rep = json.loads(out.read_text())
     rows = rep["results"]
-    assert [(x["backend"], x["precision"]) for x in rows] == [
-        ("torch", "fp32"), ("onnxruntime", "fp32"), ("onnxruntime", "fp16"), ("onnxruntime", "int8")]
+    assert [(x["backend"], x["precision"]) for x in rows] == [("torch", "fp32")] + [
+        (b, p) for p in ("fp32", "fp16", "int8") for b in ("onnxruntime", "openvino") if OV or b == "onnxruntime"]
     for x in rows:
         assert ROW_KEYS <= set(x)
         assert x["batch"] == 1 and x["iterations"] == 3
         assert 0 < x["p50_ms"] <= x["p90_ms"] <= x["p99_ms"]
         assert x["throughput"] > 0
+        assert x["peak_rss_mb"] > 10  # each row's own process: a Python with a runtime and a model
     assert rep["machine"]["cpu"] and rep["machine"]["threads"] >= 1 and "gpu" in rep["machine"]
     assert {"onnxruntime", "numpy", "vitdeploy"} <= set(rep["versions"])
     assert any(q["row"] == "onnxruntime int8" and q["vs"] == "onnxruntime fp32" for q in rep["ratios"])
@@ -54,7 +58,8 @@ def test_preset_benchmark_json(tmp_path: Path) -> None:
 
 def test_benchmark_rows_side_by_side(digits_models: tuple[Path, Path]) -> None:
     ckpt, onnx_path = digits_models
-    rep = benchmark([ckpt, onnx_path], batch_sizes=[1, 4], iterations=4, warmup=1, threads=1)
+    rep = benchmark([ckpt, onnx_path], batch_sizes=[1, 4], iterations=4, warmup=1, threads=1,
+                    backends=["torch", "onnxruntime"])
     assert [(r.backend, r.batch) for r in rep.results] == [("torch", 1), ("onnxruntime", 1), ("torch", 4), ("onnxruntime", 4)]
     assert all(r.iterations == 4 for r in rep.results)
     assert rep.machine["threads"] == 1
@@ -71,7 +76,7 @@ def test_measure_interleaves_and_counts(digits_models: tuple[Path, Path]) -> Non
     from vitdeploy.runners import open_runner
 
     ckpt, onnx_path = digits_models
-    with open_runner(ckpt) as a, open_runner(onnx_path) as b:
+    with open_runner(ckpt) as a, open_runner(onnx_path, backend="onnxruntime") as b:
         order: list[str] = []
         times = measure([a, b], batch=2, warmup=0, iterations=7, rounds=3, progress=order.append)
         assert [len(t) for t in times] == [7, 7]
@@ -82,7 +87,7 @@ def test_measure_interleaves_and_counts(digits_models: tuple[Path, Path]) -> Non
 
 
 def test_ratios_between() -> None:
-    from vitdeploy.bench import BenchRow
+    from vitdeploy.tools.bench import BenchRow
 
     def row(backend: str, prec: str, tp: float) -> BenchRow:
         return BenchRow("a", backend, prec, 8, 3, tp, 1, 1, 1, 1)
@@ -95,7 +100,7 @@ def test_ratios_between() -> None:
 
 def test_rows_for_and_errors(digits_models: tuple[Path, Path], tmp_path: Path) -> None:
     ckpt, onnx_path = digits_models
-    assert rows_for([ckpt, onnx_path]) == [(ckpt, "torch"), (onnx_path, "onnxruntime")]
+    assert rows_for([ckpt, onnx_path]) == [(ckpt, "torch"), (onnx_path, "onnxruntime")] + ([(onnx_path, "openvino")] if OV else [])
     assert rows_for([ckpt, onnx_path], ["onnxruntime"]) == [(onnx_path, "onnxruntime")]
     with pytest.raises(VitdeployError, match="no artifact runs on"):
         rows_for([ckpt], ["tensorrt"])
@@ -125,7 +130,7 @@ def test_benchmark_cli_on_artifacts(digits_models: tuple[Path, Path], tmp_path: 
     ckpt, onnx_path = digits_models
     out = tmp_path / "b.json"
     r = cli.invoke(app, ["benchmark", str(ckpt), str(onnx_path), "--batch-sizes", "2", "--seconds", "0.2",
-                         "--threads", "1", "--json", str(out)])
+                         "--threads", "1", "--json", str(out), "--backends", "torch,onnxruntime"])
     assert r.exit_code == 0, r.output
     assert "onnxruntime fp32 (model.onnx) / torch fp32 eager (ckpt.pth) =" in r.output
     rows = json.loads(out.read_text())["results"]
@@ -135,3 +140,21 @@ def test_benchmark_cli_on_artifacts(digits_models: tuple[Path, Path], tmp_path: 
 def test_machine_info() -> None:
     m = machine_info()
     assert m["cores"] >= 1 and m["threads"] == m["cores"] and isinstance(m["cpu_flags"], list)
+
+
+@pytest.mark.skipif(not OV, reason="OpenVINO is not installed (pip install 'vitdeploy[cpu]')")
+def test_benchmark_json_has_openvino_rows_beside_onnxruntime(digits_models: tuple[Path, Path], tmp_path: Path) -> None:
+    """OpenVINO and ONNX Runtime rows of the same ONNX, each in its own process, with peak memory and ratios."""
+    ckpt, onnx_path = digits_models
+    out = tmp_path / "b.json"
+    r = cli.invoke(app, ["benchmark", str(onnx_path), "--batch-sizes", "1,2", "--iterations", "3", "--warmup", "1",
+                         "--threads", "1", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(out.read_text())
+    assert [(x["backend"], x["batch"]) for x in rep["results"]] == [
+        ("onnxruntime", 1), ("openvino", 1), ("onnxruntime", 2), ("openvino", 2)]
+    assert all(x["iterations"] == 3 and x["throughput"] > 0 and x["peak_rss_mb"] > 10 for x in rep["results"])
+    assert {"openvino", "onnxruntime"} <= set(rep["versions"])
+    assert "INFERENCE_NUM_THREADS=1" in rep["settings"]["openvino"]
+    assert any(q["row"] == "openvino fp32" and q["vs"] == "onnxruntime fp32" for q in rep["ratios"])
+    assert "peak MB" in r.output and "openvino fp32 (model.onnx) / onnxruntime fp32 (model.onnx) =" in r.output

@@ -11,7 +11,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +20,12 @@ from google.protobuf import text_format
 from PIL import Image
 from test_embed import export_onnx_for_tests, ort_run
 from tritonclient.grpc import model_config_pb2
+from trt_mock import fake_tensorrt
 
-from vitdeploy.bundle import BundleOptions, bundle
-from vitdeploy.errors import UsageError, VitdeployError
-from vitdeploy.manifest import read_onnx_manifest, set_onnx_manifest
-from vitdeploy.preprocess import list_images, preprocess_file, resized_uint8
+from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.manifest import read_onnx_manifest, set_onnx_manifest
+from vitdeploy.core.preprocess import list_images, preprocess_file, resized_uint8
+from vitdeploy.stages.bundle import BundleOptions, bundle
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -99,7 +99,7 @@ def test_bundle_contents_and_manifest(bundle_dir: Path, artifacts: Path) -> None
     assert m["bundle"]["batch"] == {"min": 1, "opt": 4, "max": 16}
     assert len(m["bundle"]["reference"]["images"]) == 12
     for name, a in arts.items():
-        from vitdeploy.fileio import sha256_file
+        from vitdeploy.core.fileio import sha256_file
 
         assert sha256_file(bundle_dir / name) == a["sha256"], name
     readme = (bundle_dir / "README.md").read_text()
@@ -162,8 +162,10 @@ def run_py(bundle: Path, *args: str, tmp: Path) -> subprocess.CompletedProcess:
 
 
 def vitdeploy_infer(model: Path, images: Path, tmp: Path) -> dict[str, str]:
+    """vitdeploy infer on ONNX Runtime, the backend run.py is given below (auto would pick OpenVINO)."""
     out = tmp / f"infer-{model.stem}.json"
-    r = subprocess.run([str(VENV_BIN / "vitdeploy"), "infer", str(images), "-m", str(model), "-o", str(out)],
+    r = subprocess.run([str(VENV_BIN / "vitdeploy"), "infer", str(images), "-m", str(model), "-o", str(out),
+                        "--backend", "onnxruntime"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return {Path(row["path"]).resolve().as_posix(): row["label"] for row in json.loads(out.read_text())}
@@ -217,7 +219,7 @@ def test_run_py_resize_matches_vitdeploy(bundle_dir: Path, mixed_mode_folder: Pa
     mod = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(mod)
-    from vitdeploy.preprocess import Preprocess
+    from vitdeploy.core.preprocess import Preprocess
 
     for pp in (read_onnx_manifest(bundle_dir / "model.onnx").pp(), Preprocess(input_size=(64, 64)),
                Preprocess(input_size=(48, 64), interpolation="bilinear", crop_pct=0.9)):
@@ -253,9 +255,10 @@ def build(bundle: Path, bindir: Path, *args: str) -> subprocess.CompletedProcess
 
 
 @pytest.mark.parametrize(("banner", "want", "absent"), [
-    ("v8502", ["--int8", "--fp16"], ["--stronglyTyped"]),
-    ("v100300", ["--stronglyTyped"], ["--int8", "--fp16"]),
-    ("v110401", [], ["--stronglyTyped", "--int8", "--fp16"]),
+    ("v8502", ["--int8", "--fp16", "--buildOnly"], ["--stronglyTyped", "--skipInference"]),  # 8.5: no --skipInference
+    ("v8601", ["--int8", "--fp16", "--skipInference"], ["--stronglyTyped", "--buildOnly"]),
+    ("v100300", ["--stronglyTyped", "--skipInference"], ["--int8", "--fp16", "--buildOnly"]),
+    ("v110401", ["--skipInference"], ["--stronglyTyped", "--int8", "--fp16", "--buildOnly"]),
 ])
 def test_build_engine_sh_trtexec_line_with_mock_trtexec(bundle_dir: Path, tmp_path: Path, banner: str, want: list[str], absent: list[str]) -> None:
     b = tmp_path / "bundle"
@@ -264,7 +267,7 @@ def test_build_engine_sh_trtexec_line_with_mock_trtexec(bundle_dir: Path, tmp_pa
     r = build(b, tmp_path / "bin")
     assert r.returncode == 0, r.stderr
     args = log.read_text().splitlines()
-    assert "--onnx=model.int8.raw.onnx" in args and "--skipInference" in args
+    assert "--onnx=model.int8.raw.onnx" in args
     assert {"--minShapes=images:1x32x32x3", "--optShapes=images:4x32x32x3", "--maxShapes=images:16x32x32x3"} <= set(args)
     assert all(w in args for w in want) and not any(a in args for a in absent)
     assert (b / "model.int8.raw.engine").read_text() == "plan\n"
@@ -446,88 +449,24 @@ class HostCuda:
         pass
 
 
-def fake_tensorrt(max_batch: int) -> types.ModuleType:
-    """Only the calls run.py makes (the API TensorRT 8.5 … 11 share); the 'engine' runs its ONNX on ONNX Runtime."""
+def write_plan(engine: Path, onnx_path: Path, version: str, min_batch: int, opt_batch: int, max_batch: int,
+               dla_core: int | None = None) -> None:
+    """An engine file as tests/trt_mock.py's builder writes it (the ONNX it runs, the profile, the DLA core)."""
     import onnxruntime as ort
 
-    trt = types.ModuleType("tensorrt")
-    np_of = {"tensor(uint8)": np.uint8, "tensor(float)": np.float32, "tensor(float16)": np.float16}
-
-    class Logger:
-        WARNING = 2
-
-        def __init__(self, level: int) -> None:
-            pass
-
-    class TensorIOMode:
-        INPUT, OUTPUT = "input", "output"
-
-    class Context:
-        def __init__(self, engine: Engine) -> None:
-            self.e, self.shape, self.addr = engine, None, {}
-
-        def set_input_shape(self, name: str, shape: tuple) -> bool:
-            assert name == self.e.inp.name and len(shape) == 4 and shape[0] <= max_batch
-            self.shape = tuple(shape)
-            return True
-
-        def get_tensor_shape(self, name: str) -> tuple:
-            return (self.shape[0], self.e.out.shape[1])
-
-        def set_tensor_address(self, name: str, ptr: int) -> bool:
-            self.addr[name] = ptr
-            return True
-
-        def execute_async_v3(self, stream: int) -> bool:
-            dt = np.dtype(np_of[self.e.inp.type])
-            n = int(np.prod(self.shape)) * dt.itemsize
-            x = np.frombuffer(ctypes.string_at(self.addr[self.e.inp.name], n), dt).reshape(self.shape)
-            y = np.ascontiguousarray(self.e.session.run(None, {self.e.inp.name: x})[0], np.float32)
-            ctypes.memmove(self.addr[self.e.out.name], y.ctypes.data, y.nbytes)
-            return True
-
-    class Engine:
-        num_io_tensors = 2
-
-        def __init__(self, onnx_path: str) -> None:
-            self.session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
-            self.inp, self.out = self.session.get_inputs()[0], self.session.get_outputs()[0]
-
-        def get_tensor_name(self, i: int) -> str:
-            return [self.inp.name, self.out.name][i]
-
-        def get_tensor_mode(self, name: str) -> str:
-            return TensorIOMode.INPUT if name == self.inp.name else TensorIOMode.OUTPUT
-
-        def get_tensor_dtype(self, name: str) -> str:
-            return self.inp.type if name == self.inp.name else "tensor(float)"
-
-        def get_tensor_profile_shape(self, name: str, profile: int) -> tuple:
-            s = tuple(self.inp.shape[1:])
-            return ((1, *s), (max_batch, *s), (max_batch, *s))
-
-        def create_execution_context(self) -> Context:
-            return Context(self)
-
-    class Runtime:
-        def __init__(self, logger: Logger) -> None:
-            pass
-
-        def deserialize_cuda_engine(self, data: bytes) -> Engine:
-            return Engine(data.decode())
-
-    trt.Logger, trt.TensorIOMode, trt.Runtime = Logger, TensorIOMode, Runtime
-    trt.nptype = lambda t: np_of[t]
-    trt.__version__ = "10.3.0"
-    return trt
+    inp = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).get_inputs()[0]
+    rest = list(inp.shape[1:])
+    plan = {"version": version, "onnx": str(onnx_path), "dla_core": dla_core,
+            "profile": [inp.name, [min_batch, *rest], [opt_batch, *rest], [max_batch, *rest]]}
+    engine.write_bytes(json.dumps(plan).encode())
 
 
 def test_run_py_tensorrt_path_with_mock_tensorrt(bundle_dir: Path, digits_folder: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     b = tmp_path / "bundle"
     shutil.copytree(bundle_dir, b)
-    (b / "model.int8.raw.engine").write_bytes(str(b / "model.int8.raw.onnx").encode())  # what build_engine.sh writes
-    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(max_batch=5))
+    write_plan(b / "model.int8.raw.engine", b / "model.int8.raw.onnx", "10.3.0", 1, 4, 5)
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt("10.3.0"))
     mod = _load_run_py(b / "run.py")
     cuda = HostCuda()
     monkeypatch.setattr(mod, "CudaRT", lambda: cuda)
@@ -545,14 +484,91 @@ def test_run_py_tensorrt_path_with_mock_tensorrt(bundle_dir: Path, digits_folder
         mod.main(["--check", "--backend", "tensorrt", "--model", "model.onnx"])
 
 
+@pytest.mark.parametrize("version", ["8.5.2.2", "10.3.0"])
+def test_run_py_pads_to_the_profile_minimum_and_sets_the_dla_core_with_mock_tensorrt(
+        bundle_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+        version: str) -> None:
+    """A DLA engine has one fixed batch (4 here) on core 1: one image is padded to 4, DLA_core set before loading."""
+    b = tmp_path / "bundle"
+    shutil.copytree(bundle_dir, b)
+    write_plan(b / "model.int8.raw.engine", b / "model.int8.raw.onnx", version, 4, 4, 4, dla_core=1)
+    (b / "model.int8.raw.engine.dla").write_text("1\n")  # what build_engine.sh --dla 1 writes
+    calls: list[tuple] = []
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(version, calls))
+    mod = _load_run_py(b / "run.py")
+    monkeypatch.setattr(mod, "CudaRT", HostCuda)
+    assert mod.main(["--check", "--json", "--batch", "1"]) == 0  # 12 images one at a time, each padded to 4
+    assert json.loads(capsys.readouterr().out)["ok"]
+    assert ("deserialize" == calls[0][0]) and calls[0][3] == 1
+    assert {c[1][0] for c in calls if c[0] == "set_input_shape"} == {4}
+    (b / "model.int8.raw.engine.dla").unlink()  # without it the runtime stays on core 0: the plan does not load
+    calls.clear()
+    with pytest.raises(SystemExit, match="cannot load this engine"):
+        mod.main(["--check"])
+    assert mod.main(["--check", "--dla-core", "1"]) == 0
+
+
+def test_run_py_refused_shape_is_one_line_with_mock_tensorrt(bundle_dir: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    b = tmp_path / "bundle"
+    shutil.copytree(bundle_dir, b)
+    write_plan(b / "model.int8.raw.engine", b / "model.int8.raw.onnx", "10.3.0", 1, 4, 4)
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt("10.3.0"))
+    mod = _load_run_py(b / "run.py")
+    monkeypatch.setattr(mod, "CudaRT", HostCuda)
+    model = mod.open_model(b / "model.int8.raw.engine", "tensorrt")
+    model.max_batch = 8  # as if the profile were ignored: TensorRT refuses the shape, run.py says so
+    with pytest.raises(RuntimeError, match=r"TensorRT refused input shape \(8, 32, 32, 3\)"):
+        model(np.zeros((8, 32, 32, 3), np.uint8))
+
+
 def test_run_py_foreign_engine_is_one_line_with_mock_tensorrt(bundle_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     b = tmp_path / "bundle"
     shutil.copytree(bundle_dir, b)
-    (b / "model.int8.raw.engine").write_bytes(b"built elsewhere")
-    trt = fake_tensorrt(max_batch=4)
-    trt.Runtime.deserialize_cuda_engine = lambda self, data: None  # what TensorRT returns for a foreign plan
-    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    write_plan(b / "model.int8.raw.engine", b / "model.int8.raw.onnx", "8.6.1", 1, 4, 4)  # built by another TensorRT
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt("10.3.0"))
     mod = _load_run_py(b / "run.py")
     monkeypatch.setattr(mod, "CudaRT", HostCuda)
     with pytest.raises(SystemExit, match="rebuild it with ./build_engine.sh"):
         mod.main(["--check"])
+
+
+def test_bundle_loads_each_onnx_once_and_hashes_each_file_once(
+    artifacts: Path, digits_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fp32 + fp16, counted with the real onnx.load and hashlib.sha256 wrapped (bytes hashed, paths loaded)."""
+    import hashlib
+
+    real_sha, real_load = hashlib.sha256, onnx.load
+    hashed = [0]
+    loads: dict[str, int] = {}
+
+    class CountedSha:
+        def __init__(self, data: bytes = b"") -> None:
+            self._h = real_sha()
+            self.update(data)
+
+        def update(self, data: bytes) -> None:
+            hashed[0] += len(data)
+            self._h.update(data)
+
+        def hexdigest(self) -> str:
+            return self._h.hexdigest()
+
+    def counted_load(f, *a, **k):  # type: ignore[no-untyped-def]
+        loads[Path(f).name] = loads.get(Path(f).name, 0) + 1
+        return real_load(f, *a, **k)
+
+    out = tmp_path / "bundle"
+    opts = BundleOptions(opt_batch=4, max_batch=16, check_images=[digits_folder / "val"], references=4)
+    monkeypatch.setattr(hashlib, "sha256", CountedSha)
+    monkeypatch.setattr(onnx, "load", counted_load)
+    bundle([artifacts / "model.onnx", artifacts / "model.fp16.onnx"], out, opts)
+    monkeypatch.undo()
+    assert loads == {"model.onnx": 1, "model.fp16.onnx": 1}, loads
+    arts = json.loads((out / "manifest.json").read_text())["bundle"]["artifacts"]
+    assert sorted(arts) == ["deepstream/model.ds.onnx", "model.fp16.onnx", "model.fp16.raw.onnx", "model.onnx", "model.raw.onnx"]
+    for name, a in arts.items():
+        assert a["sha256"] == hashlib.sha256((out / name).read_bytes()).hexdigest(), name
+    # every hashed byte belongs to one of the five files, each hashed once
+    assert hashed[0] == sum((out / name).stat().st_size for name in arts)

@@ -5,10 +5,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitdeploy.checkpoint import load_checkpoint, load_model, save_checkpoint
-from vitdeploy.errors import VitdeployError
-from vitdeploy.manifest import Manifest, read_manifest
-from vitdeploy.model import VisionTransformer, ViTConfig, get_preset
+from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.manifest import Manifest
+from vitdeploy.model.checkpoint import load_checkpoint, load_model, save_checkpoint
+from vitdeploy.model.importers import read_any_manifest as read_manifest
+from vitdeploy.model.vit import VisionTransformer, ViTConfig, get_preset
 
 
 def _model_and_manifest() -> tuple[VisionTransformer, Manifest]:

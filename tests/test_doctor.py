@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from vitdeploy.cli import app
-from vitdeploy.doctor import command_support, doctor, jetpack_for, parse_tegra_release, probe_dla, probe_jetson
+from vitdeploy.tools.doctor import command_support, doctor, jetpack_for, parse_tegra_release, probe_dla, probe_jetson
 
 
 def gpu_here() -> bool:
@@ -71,7 +71,7 @@ def test_cli_doctor_screen_and_json(tmp_path: Path) -> None:
 
 
 def test_doctor_does_not_import_torch() -> None:
-    code = "import sys; from vitdeploy.doctor import doctor; doctor(); print('torch' in sys.modules)"
+    code = "import sys; from vitdeploy.tools.doctor import doctor; doctor(); print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
@@ -115,3 +115,16 @@ def test_command_support_with_a_gpu_and_tensorrt() -> None:
         {"onnx": "1.16"}, {"available": True}, {"available": True}, {"available": False})}
     assert rows["train"] == "no" and rows["export"] == "no" and rows["build-engine"] == "partly"
     assert rows["calibrate / convert-fp16"] == "yes" and rows["import / explain"] == "no"
+
+
+def test_doctor_names_this_machines_target_and_what_it_builds() -> None:
+    """The target from the installed TensorRT, else from JetPack's; DLA per the version table."""
+    from vitdeploy.tools.doctor import machine_target
+
+    jp5 = machine_target({"available": False}, {"available": False}, {"jetpack_tensorrt": "8.5.2", "jetpack": "5.1.2"})
+    assert jp5["target"] == "trt8.5" and jp5["max_opset"] == 17 and jp5["dla"] is True
+    assert set(jp5["engines"]) == {"fp32", "fp16", "int8", "raw-pixel", "deepstream"}
+    assert all(v.startswith("artifacts only") for v in jp5["engines"].values())
+    gpu = machine_target({"available": True, "version": "10.8.0.43"}, {"available": True}, {})
+    assert gpu["target"] == "trt10" and gpu["dla"] is False and set(gpu["engines"].values()) == {"yes"}
+    assert machine_target({"available": False}, {"available": False}, {})["target"] is None

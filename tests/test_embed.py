@@ -9,11 +9,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from vitdeploy.embed import embed_model, embed_preprocess, raw_batch, raw_variant_name
-from vitdeploy.errors import VitdeployError
-from vitdeploy.fileio import sha256_file
-from vitdeploy.manifest import Manifest, read_onnx_manifest, set_onnx_manifest
-from vitdeploy.preprocess import Preprocess, list_images, preprocess_file, resized_uint8
+from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.fileio import sha256_file
+from vitdeploy.core.manifest import Manifest, read_onnx_manifest, set_onnx_manifest
+from vitdeploy.core.preprocess import Preprocess, list_images, preprocess_file, resized_uint8
+from vitdeploy.graph.embed import embed_model, embed_preprocess, raw_batch, raw_variant_name
 
 
 def export_onnx_for_tests(ckpt_or_model, out: Path, manifest: Manifest | None = None) -> Path:
@@ -22,13 +22,13 @@ def export_onnx_for_tests(ckpt_or_model, out: Path, manifest: Manifest | None = 
 
     if isinstance(ckpt_or_model, (str, Path)):
         try:
-            from vitdeploy.export import export_onnx  # type: ignore[import-not-found]
+            from vitdeploy.stages.export import export_onnx  # type: ignore[import-not-found]
 
             export_onnx(ckpt_or_model, out, check=False)  # parity is the export tests' concern
             return out
         except ImportError:
             pass
-        from vitdeploy.checkpoint import load_any
+        from vitdeploy.model.importers import load_any
 
         ck = load_any(ckpt_or_model)
         model, manifest = ck.build(), ck.manifest
@@ -67,7 +67,7 @@ def photo_model_onnx(out: Path, channel_order: str = "RGB") -> Path:
     """A small random ViT with ImageNet preprocessing (shorter side, centre crop, bicubic) at 64x64."""
     import torch
 
-    from vitdeploy.model import VisionTransformer, ViTConfig
+    from vitdeploy.model.vit import VisionTransformer, ViTConfig
 
     torch.manual_seed(0)
     cfg = ViTConfig(image_size=(64, 64), patch_size=16, embed_dim=64, depth=2, num_heads=2, num_classes=7)
@@ -207,9 +207,9 @@ def test_cli_export_embed_preprocess(digits_ckpt: Path, digits_folder: Path, tmp
 
 
 def test_variants_of_vitdeploys_own_precision_artifacts(digits_onnx: Path, digits_folder: Path, tmp_path: Path) -> None:
-    # vitdeploy.precision's FP16 (float32 I/O, float32 islands; its Casts come last in the node list) and its
+    # vitdeploy.stages.precision's FP16 (float32 I/O, float32 islands; its Casts come last in the node list) and its
     # Q/DQ INT8 with FP16 for the unquantized parts, as built for TensorRT
-    from vitdeploy.precision import calibrate, convert_fp16
+    from vitdeploy.stages.precision import calibrate, convert_fp16
 
     fp16 = convert_fp16(digits_onnx, tmp_path / "model.fp16.onnx")
     int8 = calibrate(digits_onnx, digits_folder / "train", tmp_path / "model.int8.onnx", num_images=64, float_type="fp16").path

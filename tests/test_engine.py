@@ -18,10 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 from vitdeploy.cli import app
-from vitdeploy.errors import EXIT_PARTIAL, EXIT_USAGE, UsageError, VitdeployError
-from vitdeploy.manifest import Manifest, read_manifest, set_onnx_manifest, sidecar_path
-from vitdeploy.preprocess import Preprocess
-from vitdeploy.trt_compat import (
+from vitdeploy.core.errors import EXIT_PARTIAL, EXIT_USAGE, UsageError, VitdeployError
+from vitdeploy.core.manifest import Manifest, read_manifest, set_onnx_manifest, sidecar_path
+from vitdeploy.core.preprocess import Preprocess
+from vitdeploy.runners.tensorrt.versions import (
     Profile,
     compatibility_problem,
     engine_record,
@@ -38,8 +38,8 @@ from vitdeploy.trt_compat import (
 )
 
 runner = CliRunner()
-HAS_PRECISION = (importlib.util.find_spec("vitdeploy.precision") is not None
-                 and importlib.util.find_spec("vitdeploy.export") is not None)
+HAS_PRECISION = (importlib.util.find_spec("vitdeploy.stages.precision") is not None
+                 and importlib.util.find_spec("vitdeploy.stages.export") is not None)
 
 
 # ---------------------------------------------------------------- a real (small) ONNX model with a manifest
@@ -195,6 +195,12 @@ def test_network_plan_version_compatible_and_too_old() -> None:
         network_plan("8.4.3", "fp16")
 
 
+@pytest.mark.parametrize("version", ["10.8.0", "10.16.0", "11.0.0", "11.3.0"])
+def test_no_dla_build_where_tensorrt_has_no_dla(version: str) -> None:
+    with pytest.raises(UsageError, match="has no DLA"):
+        network_plan(version, "fp16", dla=True)
+
+
 # ---------------------------------------------------------------- the sidecar and the compatibility decision
 
 
@@ -208,7 +214,7 @@ def _record(trt: str = "10.3.0.30", cc: tuple[int, int] = (8, 7), vc: bool = Fal
 
 
 def test_sidecar_round_trip_and_read_manifest(tmp_path: Path) -> None:
-    from vitdeploy.engine import sidecar_manifest
+    from vitdeploy.stages.engine import sidecar_manifest
 
     m = small_manifest("int8")
     m.source = {"checkpoint": "ckpt.pth", "sha256": "cd" * 32}
@@ -279,6 +285,7 @@ def test_trtexec_lines_per_version() -> None:
         assert "--maxShapes=pixel_values:32x3x224x224" in line
     assert "--stronglyTyped" in new and "--int8" not in new and "--fp16" not in new
     assert "--stronglyTyped" not in old and "--int8" in old and "--fp16" in old
+    assert "--skipInference" in new and "--buildOnly" in old and "--skipInference" not in old  # 8.5: --buildOnly only
 
 
 def test_trtexec_dla_workspace_cache_and_odd_names() -> None:
@@ -304,19 +311,28 @@ def test_vitdeploy_line_builds_the_artifact_as_is() -> None:
     assert "TensorRT 10+" in cmds[1] and "TensorRT 8.5/8.6" in cmds[2]
     dla = finish_commands(Path("model.fp16.onnx"), Path("model.fp16.engine"), "pixel_values", [-1, 3, 32, 32],
                           make_profile(1, 8, 32, dla_core=0), "fp16", dla_core=0)
-    assert [c.split(":")[0] for c in dla[1:]] == ["# or, TensorRT 11+", "# or, TensorRT 10.x", "# or, TensorRT 8.5/8.6"]
+    # DLA lines only for versions with DLA (NVIDIA: 10.7 the last 10.x with it; 11.0-11.3 none; 11.4.1+ JetPack 7.2.2+)
+    assert [c.split(":")[0] for c in dla[1:]] == ["# or, TensorRT 11.4.1+ (JetPack 7.2.2+)", "# or, TensorRT 10.0-10.7",
+                                                  "# or, TensorRT 8.5/8.6"]
     assert "--fp16" not in dla[1] and "--stronglyTyped" in dla[1]  # 11 has no precision flags
     assert "--fp16" in dla[2] and "--fp16" in dla[3] and all("--useDLACore=0" in c for c in dla[1:])
 
 
-def test_opset_limits_of_tensorrt_8() -> None:
-    from vitdeploy.trt_compat import opset_problem
+@pytest.mark.parametrize("version,limit", [("8.5.2.2", 17), ("8.6.2", 17), ("9.3.0", 19), ("10.0.1", 20),
+                                           ("10.3.0", 20), ("10.15.1", 24)])
+def test_opset_limit_of_every_version(version: str, limit: int) -> None:
+    """The parser's limit per version, from the version table (onnx-tensorrt docs/operators.md per release)."""
+    from vitdeploy.runners.tensorrt.versions import opset_problem
 
-    assert opset_problem(17, "8.5.2.2") is None and opset_problem(19, "10.3.0") is None
-    assert "reads opsets up to 17" in (opset_problem(19, "8.6.2") or "")
+    assert opset_problem(limit, version) is None
+    msg = opset_problem(limit + 1, version) or ""
+    assert f"reads opsets up to {limit}" in msg and "vitdeploy export --target" in msg and "\n" not in msg
+
+
+def test_opset_note_in_the_finishing_lines() -> None:
     cmds = finish_commands(Path("m.int8.onnx"), Path("m.int8.engine"), "pixel_values", [-1, 3, 32, 32],
                            Profile(1, 8, 32), "int8", opset=19)
-    assert cmds[-1].startswith("# note: m.int8.onnx is ONNX opset 19")
+    assert cmds[-1].startswith("# note: m.int8.onnx is ONNX opset 19: TensorRT 8.5/8.6 reads opsets up to 17")
     assert len(finish_commands(Path("m.onnx"), Path("m.engine"), "x", [-1, 3, 8, 8], Profile(1, 1, 1), "fp32",
                                opset=17)) == 3
 
@@ -325,7 +341,7 @@ def test_opset_limits_of_tensorrt_8() -> None:
 
 
 def _no_tensorrt_here() -> str | None:
-    from vitdeploy.engine import probe
+    from vitdeploy.stages.engine import probe
 
     return probe().missing
 
@@ -353,7 +369,7 @@ def test_build_engine_without_tensorrt_exits_3_with_exact_commands(folder: Path)
 
 
 def test_build_engine_library_raises_engine_not_built(folder: Path) -> None:
-    from vitdeploy.engine import BuildOptions, EngineNotBuilt, build_engine
+    from vitdeploy.stages.engine import BuildOptions, EngineNotBuilt, build_engine
 
     if _no_tensorrt_here() is None:
         pytest.skip("TensorRT and a GPU are here")
@@ -398,14 +414,14 @@ def test_int8_without_calibration_folder_fails_before_any_work(folder: Path) -> 
     assert not (folder / "model.int8.onnx").exists()
 
 
-@pytest.mark.skipif(not HAS_PRECISION, reason="vitdeploy.precision (calibrate, convert_fp16) or vitdeploy.export is missing")
+@pytest.mark.skipif(not HAS_PRECISION, reason="vitdeploy.stages.precision (calibrate, convert_fp16) or vitdeploy.stages.export is missing")
 @pytest.mark.parametrize("flags,artifact", [(["--fp16"], "model.fp16.onnx"), (["--int8", "--fp16"], "model.int8.onnx")])
 def test_precision_artifact_written_then_exit_3(flags: list[str], artifact: str, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch, digits_ckpt: Path,
                                                digits_folder: Path) -> None:
     import shutil
 
-    from vitdeploy.export import export_onnx  # type: ignore[import-not-found]
+    from vitdeploy.stages.export import export_onnx  # type: ignore[import-not-found]
 
     monkeypatch.chdir(tmp_path)
     export_onnx(digits_ckpt, tmp_path / "model.onnx")
@@ -430,7 +446,7 @@ def test_precision_artifact_written_then_exit_3(flags: list[str], artifact: str,
 
 def test_import_tensorrt_sees_through_a_stub_only_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """tensorrt-stubs installs a folder `tensorrt/` with only .pyi: it imports as an empty namespace package."""
-    from vitdeploy.engine import import_tensorrt
+    from vitdeploy.runners.tensorrt.versions import import_tensorrt
 
     (tmp_path / "tensorrt").mkdir()
     (tmp_path / "tensorrt" / "__init__.pyi").write_text("class Builder: ...\n")
@@ -441,8 +457,9 @@ def test_import_tensorrt_sees_through_a_stub_only_namespace(tmp_path: Path, monk
 
 
 def test_open_runner_on_an_engine_without_tensorrt_is_one_clear_line(tmp_path: Path) -> None:
-    from vitdeploy.engine import import_tensorrt, sidecar_manifest
     from vitdeploy.runners import open_runner
+    from vitdeploy.runners.tensorrt.versions import import_tensorrt
+    from vitdeploy.stages.engine import sidecar_manifest
 
     engine = tmp_path / "model.int8.engine"
     engine.write_bytes(b"\x00" * 64)
@@ -460,7 +477,7 @@ def test_open_runner_on_an_engine_without_tensorrt_is_one_clear_line(tmp_path: P
 
 
 def test_padded_batch() -> None:
-    from vitdeploy.runners.tensorrt import padded_batch
+    from vitdeploy.runners.tensorrt.runner import padded_batch
 
     assert padded_batch(3, 1, 32) == 3
     assert padded_batch(3, 8, 8) == 8  # DLA: fixed batch, padded
@@ -469,7 +486,7 @@ def test_padded_batch() -> None:
 
 
 def test_no_cudart_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vitdeploy import cuda
+    from vitdeploy.runners.tensorrt import cuda
 
     monkeypatch.setattr(cuda, "cudart_candidates", lambda: ["/nonexistent/libcudart.so.12"])
     with pytest.raises(cuda.CudaError, match="VITDEPLOY_CUDART"):
@@ -478,7 +495,7 @@ def test_no_cudart_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_cudart_candidates_honour_the_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vitdeploy import cuda
+    from vitdeploy.runners.tensorrt import cuda
 
     monkeypatch.setenv("VITDEPLOY_CUDART", "/opt/cuda/lib64/libcudart.so.12")
     cands = cuda.cudart_candidates()
@@ -488,7 +505,7 @@ def test_cudart_candidates_honour_the_override(monkeypatch: pytest.MonkeyPatch) 
 
 def test_host_array_is_a_view_of_the_memory() -> None:
     """The pinned-buffer view logic, on ordinary host memory."""
-    from vitdeploy.cuda import host_array
+    from vitdeploy.runners.tensorrt.cuda import host_array
 
     buf = ctypes.create_string_buffer(2 * 3 * 4)
     a = host_array(ctypes.addressof(buf), (2, 3), np.float32)
@@ -502,7 +519,7 @@ def test_host_array_is_a_view_of_the_memory() -> None:
 def test_engine_modules_do_not_import_torch() -> None:
     import subprocess
 
-    code = ("import sys; import vitdeploy.engine, vitdeploy.runners.tensorrt, vitdeploy.cuda, vitdeploy.trt_compat, "
+    code = ("import sys; import vitdeploy.stages.engine, vitdeploy.runners.tensorrt.runner, vitdeploy.runners.tensorrt.cuda, vitdeploy.runners.tensorrt.versions, "
             "vitdeploy.cli.engine; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -519,8 +536,8 @@ def _require_tensorrt_gpu() -> None:
 @pytest.mark.tensorrt
 def test_build_and_run_engine_matches_onnxruntime(folder: Path) -> None:
     _require_tensorrt_gpu()
-    from vitdeploy.engine import BuildOptions, build_engine
     from vitdeploy.runners import open_runner
+    from vitdeploy.stages.engine import BuildOptions, build_engine
 
     res = build_engine("model.onnx", BuildOptions(min_batch=1, opt_batch=4, max_batch=8,
                                                   timing_cache=folder / "timing.cache"))
@@ -535,7 +552,7 @@ def test_build_and_run_engine_matches_onnxruntime(folder: Path) -> None:
 
 @pytest.mark.gpu
 def test_cuda_round_trip_through_device_memory() -> None:
-    from vitdeploy import cuda
+    from vitdeploy.runners.tensorrt import cuda
 
     info = cuda.gpu_info()
     if isinstance(info, str):

@@ -1,8 +1,9 @@
 """build-engine and the TensorRT runner driven through a MOCK of TensorRT and of libcudart.
 
-TensorRT cannot be installed here, so these tests replace the ``tensorrt`` module with a recording fake
-(its "engine" runs the ONNX file with ONNX Runtime, reading and writing the addresses the runner set)
-and libcudart with host memory. They check our side only: which TensorRT calls are made per version,
+TensorRT cannot be installed here, so these tests replace the ``tensorrt`` module with tests/trt_mock.py: its
+names and enum values per version come from the version table (NVIDIA's sources), a name a version lacks raises
+AttributeError, its parser fails on ops the version does not parse, ``set_input_shape`` refuses shapes outside the
+profile (its "engine" runs the ONNX file with ONNX Runtime), and libcudart is replaced with host memory. They check our side only: which TensorRT calls are made per version,
 what is written (plan bytes as is, sidecar, timing cache), and the runner's buffers, padding, splitting
 and dtype handling. They prove nothing about TensorRT itself; the ``tensorrt``-marked tests do that.
 """
@@ -11,17 +12,17 @@ from __future__ import annotations
 
 import ctypes
 import json
-import types
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from test_engine import write_linear_onnx  # tests/ is on sys.path (rootdir conftest)
+from trt_mock import fake_tensorrt
 
-from vitdeploy import cuda
-from vitdeploy.errors import UsageError, VitdeployError
-from vitdeploy.manifest import sidecar_path
+from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.manifest import sidecar_path
+from vitdeploy.runners.tensorrt import cuda
 
 
 class FakeHostCuda:
@@ -73,158 +74,6 @@ class FakeHostCuda:
         pass
 
 
-def fake_tensorrt(version: str, calls: list[tuple], onnx_path: dict[str, Path], input_dtype: Any = np.float32) -> Any:
-    """A recording stand-in for the parts of the tensorrt module vitdeploy uses, shaped like ``version``."""
-    major = int(version.split(".")[0])
-    trt = types.ModuleType("tensorrt")
-    trt.__version__ = version  # type: ignore[attr-defined]
-
-    class Logger:
-        WARNING = 2
-
-        def __init__(self, severity: int) -> None:
-            pass
-
-    flags_ns = {"GPU_FALLBACK": "GPU_FALLBACK", "VERSION_COMPATIBLE": "VERSION_COMPATIBLE"}
-    if major < 11:
-        flags_ns.update(FP16="FP16", INT8="INT8")  # removed in 11: touching them there fails the test
-    trt.BuilderFlag = types.SimpleNamespace(**flags_ns)  # type: ignore[attr-defined]
-    ncf: dict[str, int] = {}
-    if major < 11:
-        ncf["EXPLICIT_BATCH"] = 0
-    if major >= 9:
-        ncf["STRONGLY_TYPED"] = 5
-    trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(**ncf)  # type: ignore[attr-defined]
-    trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE="WORKSPACE")  # type: ignore[attr-defined]
-    trt.DeviceType = types.SimpleNamespace(DLA="DLA", GPU="GPU")  # type: ignore[attr-defined]
-    trt.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")  # type: ignore[attr-defined]
-    trt.Dims = lambda shape: tuple(shape)  # type: ignore[attr-defined]
-    trt.nptype = lambda t: t  # type: ignore[attr-defined]
-
-    class Cache:
-        def serialize(self) -> bytes:
-            return b"TIMING-CACHE"
-
-    class Config:
-        def __init__(self) -> None:
-            self.default_device_type = "GPU"
-            self.DLA_core = -1
-
-        def set_memory_pool_limit(self, pool: str, size: int) -> None:
-            calls.append(("pool", pool, size))
-
-        def set_flag(self, f: str) -> None:
-            calls.append(("flag", f))
-
-        def add_optimization_profile(self, p: Any) -> int:
-            calls.append(("profile", p.shape))
-            return 0
-
-        def create_timing_cache(self, data: bytes) -> Cache:
-            calls.append(("cache-in", bytes(data)))
-            return Cache()
-
-        def set_timing_cache(self, c: Cache, ignore: bool) -> bool:
-            return True
-
-        def get_timing_cache(self) -> Cache:
-            return Cache()
-
-    class OptProfile:
-        shape: tuple = ()
-
-        def set_shape(self, name: str, mn: tuple, op: tuple, mx: tuple) -> None:
-            self.shape = (name, mn, op, mx)
-
-    class Parser:
-        num_errors = 0
-
-        def __init__(self, network: Any, logger: Any) -> None:
-            pass
-
-        def parse_from_file(self, path: str) -> bool:
-            calls.append(("parse", Path(path).name))
-            onnx_path["model"] = Path(path)
-            return True
-
-    class Builder:
-        num_DLA_cores = 2
-
-        def __init__(self, logger: Any) -> None:
-            pass
-
-        def create_network(self, flags: int) -> object:
-            calls.append(("network", flags))
-            return object()
-
-        def create_builder_config(self) -> Config:
-            self.config = Config()
-            return self.config
-
-        def create_optimization_profile(self) -> OptProfile:
-            return OptProfile()
-
-        def build_serialized_network(self, network: Any, config: Config) -> bytes:
-            calls.append(("build", config.default_device_type, config.DLA_core))
-            return b"PLAN-AS-TENSORRT-WROTE-IT"
-
-    class Context:
-        def __init__(self, engine: Engine) -> None:
-            self.engine = engine
-            self.addr: dict[str, int] = {}
-            self.shape: tuple = ()
-
-        def set_input_shape(self, name: str, shape: tuple) -> bool:
-            calls.append(("set_input_shape", tuple(shape)))
-            self.shape = tuple(shape)
-            return True
-
-        def get_tensor_shape(self, name: str) -> tuple:
-            return (self.shape[0], 10)
-
-        def set_tensor_address(self, name: str, ptr: int) -> bool:
-            self.addr[name] = ptr
-            return True
-
-        def execute_async_v3(self, stream: int) -> bool:
-            import onnxruntime as ort
-
-            calls.append(("execute", self.shape[0], stream))
-            x = cuda.host_array(self.addr["pixel_values"], self.shape, input_dtype).astype(np.float32)
-            sess = ort.InferenceSession(str(onnx_path["model"]), providers=["CPUExecutionProvider"])
-            y = sess.run(None, {"pixel_values": x})[0]
-            cuda.host_array(self.addr["logits"], y.shape, np.float32)[:] = y
-            return True
-
-    class Engine:
-        num_io_tensors = 2
-
-        def get_tensor_name(self, i: int) -> str:
-            return ["pixel_values", "logits"][i]
-
-        def get_tensor_mode(self, name: str) -> str:
-            return "INPUT" if name == "pixel_values" else "OUTPUT"
-
-        def get_tensor_dtype(self, name: str) -> Any:
-            return input_dtype if name == "pixel_values" else np.float32
-
-        def create_execution_context(self) -> Context:
-            return Context(self)
-
-    class Runtime:
-        engine_host_code_allowed = False
-
-        def __init__(self, logger: Any) -> None:
-            pass
-
-        def deserialize_cuda_engine(self, data: bytes) -> Engine:
-            calls.append(("deserialize", bytes(data), self.engine_host_code_allowed))
-            return Engine()
-
-    trt.Logger, trt.Builder, trt.OnnxParser, trt.Runtime = Logger, Builder, Parser, Runtime  # type: ignore[attr-defined]
-    return trt
-
-
 @pytest.fixture
 def mocked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.chdir(tmp_path)
@@ -235,22 +84,28 @@ def mocked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
     def install(version: str, input_dtype: Any = np.float32) -> list[tuple]:
         state["calls"].clear()
-        monkeypatch.setitem(__import__("sys").modules, "tensorrt",
-                            fake_tensorrt(version, state["calls"], state["onnx"], input_dtype))
+        monkeypatch.setitem(__import__("sys").modules, "tensorrt", fake_tensorrt(version, state["calls"]))
         return state["calls"]
 
     state["install"] = install
     return state
 
 
+def _plan(calls: list[tuple]) -> bytes:
+    """The bytes the mock builder's deserializer was handed (what build-engine wrote, as TensorRT serialized it)."""
+    return next(c[1] for c in calls if c[0] == "deserialize")
+
+
+# create_network's bits: 1 << the member's value in include/NvInfer.h of that release (read into the facts):
+# 8.5 EXPLICIT_BATCH = 0; 10.x STRONGLY_TYPED = 1; 11.x STRONGLY_TYPED = 0.
 @pytest.mark.parametrize("version,flags_bits,builder_flags", [
     ("8.5.2.2", 1 << 0, []),
-    ("10.3.0.30", 1 << 5, []),
-    ("11.1.0", 1 << 5, []),
+    ("10.3.0.30", 1 << 1, []),
+    ("11.1.0", 1 << 0, []),
 ])
 def test_mock_tensorrt_build_writes_plan_sidecar_and_cache(mocked: Any, version: str, flags_bits: int,
                                                            builder_flags: list[str]) -> None:
-    from vitdeploy.engine import BuildOptions, build_engine
+    from vitdeploy.stages.engine import BuildOptions, build_engine
 
     calls = mocked["install"](version)
     res = build_engine("model.onnx", BuildOptions(min_batch=1, opt_batch=4, max_batch=16, workspace=0.25,
@@ -260,8 +115,9 @@ def test_mock_tensorrt_build_writes_plan_sidecar_and_cache(mocked: Any, version:
     assert ("pool", "WORKSPACE", 1 << 28) in calls
     assert ("profile", ("pixel_values", (1, 3, 32, 32), (4, 3, 32, 32), (16, 3, 32, 32))) in calls
     assert ("cache-in", b"") in calls
-    assert Path("model.fp32.engine").read_bytes() == b"PLAN-AS-TENSORRT-WROTE-IT"  # no header glued on
-    assert Path("t.cache").read_bytes() == b"TIMING-CACHE"
+    plan = json.loads(Path("model.fp32.engine").read_bytes())  # written as the builder returned it, no header
+    assert plan["version"] == version and plan["onnx"].endswith("model.onnx")
+    assert Path("t.cache").read_bytes() == f"TIMING-CACHE {version}".encode()
     side = json.loads(sidecar_path("model.fp32.engine").read_text())
     rec = side["engine"]
     assert rec["tensorrt"] == version and rec["gpu"] == "Fake Orin" and rec["compute_capability"] == "8.7"
@@ -271,19 +127,32 @@ def test_mock_tensorrt_build_writes_plan_sidecar_and_cache(mocked: Any, version:
     assert res.record == rec and not list(Path(".").glob(".*"))
 
 
+def test_mock_tensorrt_foreign_timing_cache_is_rebuilt_and_said(mocked: Any) -> None:
+    """A timing cache from another version comes back None from create_timing_cache: build without it, say so."""
+    from vitdeploy.stages.engine import BuildOptions, build_engine
+
+    Path("t.cache").write_bytes(b"TIMING-CACHE 8.6.1")
+    calls = mocked["install"]("10.3.0.30")
+    events: list[tuple[str, dict]] = []
+    build_engine("model.onnx", BuildOptions(timing_cache=Path("t.cache")), lambda k, d: events.append((k, d)))
+    assert ("cache-in", b"TIMING-CACHE 8.6.1") in calls and ("cache-in", b"") in calls
+    assert any(k == "warning" and "another device or TensorRT version" in d["message"] for k, d in events)
+    assert Path("t.cache").read_bytes() == b"TIMING-CACHE 10.3.0.30"
+
+
 def test_mock_tensorrt_fp16_artifact_on_8x_sets_fp16_flag_and_dla(mocked: Any) -> None:
-    from vitdeploy.engine import BuildOptions, build_engine
+    from vitdeploy.stages.engine import BuildOptions, build_engine
 
     write_linear_onnx(Path("model.fp16.onnx"), precision="fp16")
     calls = mocked["install"]("8.5.2.2")
     build_engine("model.fp16.onnx", BuildOptions(opt_batch=2, dla_core=1))
-    assert [c[1] for c in calls if c[0] == "flag"] == ["FP16", "GPU_FALLBACK"]
+    assert [c[1] for c in calls if c[0] == "flag"][:2] == ["FP16", "GPU_FALLBACK"]
     assert ("build", "DLA", 1) in calls
     assert ("profile", ("pixel_values", (2, 3, 32, 32), (2, 3, 32, 32), (2, 3, 32, 32))) in calls
 
 
 def test_mock_tensorrt_dla_core_beyond_the_device_is_refused_before_building(mocked: Any) -> None:
-    from vitdeploy.engine import BuildOptions, build_engine
+    from vitdeploy.stages.engine import BuildOptions, build_engine
 
     write_linear_onnx(Path("model.fp16.onnx"), precision="fp16")
     calls = mocked["install"]("10.3.0.30")
@@ -293,63 +162,149 @@ def test_mock_tensorrt_dla_core_beyond_the_device_is_refused_before_building(moc
     mocked["install"]("8.5.2.2")
     with pytest.raises(UsageError, match="8.6 or newer"):
         build_engine("model.fp16.onnx", BuildOptions(version_compatible=True))
-
-
-def test_mock_tensorrt_8x_refuses_an_opset_its_parser_cannot_read(mocked: Any) -> None:
-    import onnx
-
-    from vitdeploy.engine import BuildOptions, build_engine
-
-    m = onnx.load("model.onnx")
-    m.opset_import[0].version = 19
-    onnx.save(m, "model.onnx")
-    calls = mocked["install"]("8.6.2")
-    with pytest.raises(VitdeployError, match="parser reads opsets up to 17"):
-        build_engine("model.onnx", BuildOptions())
+    calls = mocked["install"]("10.8.0.43")  # NVIDIA: 10.7 was the last 10.x with DLA
+    with pytest.raises(UsageError, match="has no DLA"):
+        build_engine("model.fp16.onnx", BuildOptions(dla_core=0))
     assert not any(c[0] in ("parse", "build") for c in calls)
 
 
-@pytest.mark.parametrize("input_dtype", [np.float32, np.float16])
-def test_mock_tensorrt_runner_matches_onnxruntime_and_reuses_buffers(mocked: Any, input_dtype: Any) -> None:
-    from vitdeploy.engine import BuildOptions, build_engine
-    from vitdeploy.runners import open_runner
+@pytest.mark.parametrize("version,limit", [("8.6.2", 17), ("9.3.0", 19), ("10.0.1", 20)])
+def test_mock_tensorrt_refuses_an_opset_its_parser_cannot_read(mocked: Any, version: str, limit: int) -> None:
+    import onnx
 
+    from vitdeploy.stages.engine import BuildOptions, build_engine
+
+    m = onnx.load("model.onnx")
+    m.opset_import[0].version = limit + 1
+    onnx.save(m, "model.onnx")
+    calls = mocked["install"](version)
+    with pytest.raises(VitdeployError, match=f"parser reads opsets up to {limit}") as e:
+        build_engine("model.onnx", BuildOptions())
+    assert "\n" not in str(e.value) and "vitdeploy export --target" in str(e.value)
+    assert not any(c[0] in ("parse", "build") for c in calls) and not list(Path(".").glob("*.engine"))
+
+
+def test_mock_tensorrt_parser_fails_on_an_op_the_version_does_not_parse(mocked: Any) -> None:
+    """8.5's parser has no LayerNormalization importer (onnx-tensorrt 8.5-GA operators.md: N); 8.6's has."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from vitdeploy.stages.engine import BuildOptions, build_engine
+
+    m = onnx.load("model.onnx")
+    g = m.graph
+    g.initializer.extend([onnx.numpy_helper.from_array(np.ones(10, np.float32), "ln_s"),
+                          onnx.numpy_helper.from_array(np.zeros(10, np.float32), "ln_b")])
+    g.node[-1].output[0] = "pre"
+    g.node.append(helper.make_node("LayerNormalization", ["pre", "ln_s", "ln_b"], ["logits"], axis=-1))
+    del g.value_info[:]
+    onnx.save(m, "model.onnx")
+    assert g.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    calls = mocked["install"]("8.5.2.2")
+    with pytest.raises(VitdeployError, match="cannot parse it: LayerNormalization is not supported"):
+        build_engine("model.onnx", BuildOptions())
+    assert not any(c[0] == "build" for c in calls)
+    mocked["install"]("8.6.1")
+    build_engine("model.onnx", BuildOptions())
+
+
+def test_mock_tensorrt_missing_api_raises_attribute_error() -> None:
+    """Names a release does not have are absent from the mock, as from the real module (facts from pyCore.cpp)."""
+    t85, t86, t10, t11 = (fake_tensorrt(v) for v in ("8.5.2.2", "8.6.1", "10.3.0", "11.1.0"))
+    with pytest.raises(AttributeError):
+        t85.NetworkDefinitionCreationFlag.STRONGLY_TYPED  # noqa: B018 - added in 9.x
+    with pytest.raises(AttributeError):
+        t85.BuilderFlag.VERSION_COMPATIBLE  # noqa: B018 - added in 8.6
+    with pytest.raises(AttributeError):
+        t85.Runtime(t85.Logger(t85.Logger.WARNING)).engine_host_code_allowed = True
+    with pytest.raises(AttributeError):
+        t11.BuilderFlag.FP16  # noqa: B018 - gone in 11
+    with pytest.raises(AttributeError):
+        t11.NetworkDefinitionCreationFlag.EXPLICIT_BATCH  # noqa: B018 - gone in 11
+    assert int(t86.BuilderFlag.VERSION_COMPATIBLE) >= 0
+    assert int(t10.NetworkDefinitionCreationFlag.STRONGLY_TYPED) == 1
+    assert int(t11.NetworkDefinitionCreationFlag.STRONGLY_TYPED) == 0
+    assert int(fake_tensorrt("9.3.0").NetworkDefinitionCreationFlag.STRONGLY_TYPED) == 2
+    rt = t10.Runtime(t10.Logger(t10.Logger.WARNING))
+    with pytest.raises(AttributeError):
+        rt.no_such_call()
+
+
+def _fp16_linear(path: Path) -> Path:
+    """The linear model with float16 input and output (ONNX Runtime's converter), for an FP16-input engine."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    from vitdeploy.core.manifest import read_onnx_manifest, set_onnx_manifest
+
+    src = write_linear_onnx(path.with_name("src.onnx"))
+    m = convert_float_to_float16(onnx.load(str(src)), keep_io_types=False)
+    set_onnx_manifest(m, read_onnx_manifest(src).derive(precision="fp16"))
+    onnx.save(m, str(path))
+    return path
+
+
+@pytest.mark.parametrize("fp16_input", [False, True])
+def test_mock_tensorrt_runner_matches_onnxruntime_and_reuses_buffers(mocked: Any, fp16_input: bool) -> None:
+    from vitdeploy.runners import open_runner
+    from vitdeploy.stages.engine import BuildOptions, build_engine
+
+    name = "model.fp16.onnx" if fp16_input else "model.onnx"
+    if fp16_input:
+        _fp16_linear(Path(name))
     mocked["install"]("10.3.0.30")
-    build_engine("model.onnx", BuildOptions(min_batch=1, opt_batch=4, max_batch=8))
-    calls = mocked["install"]("10.3.0.30", input_dtype)
+    res = build_engine(name, BuildOptions(min_batch=1, opt_batch=4, max_batch=8))
+    calls = mocked["install"]("10.3.0.30")
     x = np.random.default_rng(0).normal(size=(19, 3, 32, 32)).astype(np.float32)
-    with open_runner("model.onnx") as ort:
-        want = ort(x)
-    with open_runner("model.fp32.engine") as r:
-        assert r.backend == "tensorrt" and r.max_batch == 8 and r.precision == "fp32"
+    import onnxruntime
+
+    sess = onnxruntime.InferenceSession(name, providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"pixel_values": x.astype(np.float16 if fp16_input else np.float32)})[0].astype(np.float32)
+    with open_runner(res.engine) as r:
+        assert r.backend == "tensorrt" and r.max_batch == 8
         got = r(x)  # 8 + 8 + 3
         again = r(x[:8])
         assert len(mocked["cuda"].blocks) == 8  # two batch shapes (8 and 3), four buffers each, allocated once
-    tol = 1e-5 if input_dtype == np.float32 else 2e-2
+    tol = 1e-5 if not fp16_input else 2e-2
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
     np.testing.assert_allclose(again, want[:8], rtol=tol, atol=tol)
     assert [c[1] for c in calls if c[0] == "execute"] == [8, 8, 3, 8]
-    assert calls[0] == ("deserialize", b"PLAN-AS-TENSORRT-WROTE-IT", False)
+    assert calls[0][0] == "deserialize" and calls[0][2] is False
     assert mocked["cuda"].blocks == {}  # close() freed everything
 
 
-def test_mock_tensorrt_runner_pads_a_fixed_dla_batch(mocked: Any) -> None:
-    from vitdeploy.engine import BuildOptions, build_engine
+def test_mock_tensorrt_runner_pads_a_fixed_dla_batch_and_sets_the_dla_core(mocked: Any) -> None:
     from vitdeploy.runners import open_runner
+    from vitdeploy.stages.engine import BuildOptions, build_engine
 
     write_linear_onnx(Path("model.fp16.onnx"), precision="fp16")
     mocked["install"]("10.3.0.30")
-    build_engine("model.fp16.onnx", BuildOptions(opt_batch=4, dla_core=0))
+    build_engine("model.fp16.onnx", BuildOptions(opt_batch=4, dla_core=1))
     calls = mocked["install"]("10.3.0.30")
     x = np.random.default_rng(1).normal(size=(6, 3, 32, 32)).astype(np.float32)
     with open_runner("model.fp16.onnx") as ort, open_runner("model.fp16.engine") as r:
         np.testing.assert_allclose(r(x), ort(x), rtol=1e-5, atol=1e-5)
+    assert calls[0][0] == "deserialize" and calls[0][3] == 1  # DLA_core set before deserializing
     assert [c[1] for c in calls if c[0] == "execute"] == [4, 4]  # 4, then 2 padded to 4
+    assert ("set_input_shape", (2, 3, 32, 32)) not in calls  # never asked for a shape outside the profile
+
+
+def test_mock_tensorrt_set_input_shape_outside_the_profile_is_refused(mocked: Any) -> None:
+    from vitdeploy.runners import open_runner
+    from vitdeploy.stages.engine import BuildOptions, build_engine
+
+    mocked["install"]("10.3.0.30")
+    build_engine("model.onnx", BuildOptions(min_batch=2, opt_batch=4, max_batch=8))
+    mocked["install"]("10.3.0.30")
+    with open_runner("model.fp32.engine") as r:
+        r.profile = type(r.profile)(1, 4, 8)  # as if the runner ignored the profile's minimum
+        with pytest.raises(VitdeployError, match="TensorRT refused input shape"):
+            r(np.zeros((1, 3, 32, 32), np.float32))
 
 
 def test_mock_tensorrt_runner_refuses_another_device_before_deserializing(mocked: Any) -> None:
-    from vitdeploy.engine import BuildOptions, build_engine
     from vitdeploy.runners import open_runner
+    from vitdeploy.stages.engine import BuildOptions, build_engine
 
     mocked["install"]("10.3.0.30")
     build_engine("model.onnx", BuildOptions())
@@ -364,13 +319,37 @@ def test_mock_tensorrt_runner_refuses_another_device_before_deserializing(mocked
 
 
 def test_mock_tensorrt_version_compatible_engine_allows_host_code(mocked: Any) -> None:
-    from vitdeploy.engine import BuildOptions, build_engine
     from vitdeploy.runners import open_runner
+    from vitdeploy.stages.engine import BuildOptions, build_engine
 
     calls = mocked["install"]("10.3.0.30")
     build_engine("model.onnx", BuildOptions(version_compatible=True))
     assert ("flag", "VERSION_COMPATIBLE") in calls
+    plan = json.loads(Path("model.fp32.engine").read_bytes())
+    plan["version"] = "11.1.0"  # the mock loads only its own version's plans; a real VC plan loads on 11
+    Path("model.fp32.engine").write_bytes(json.dumps(plan).encode())
     calls = mocked["install"]("11.1.0")
     with open_runner("model.fp32.engine"):
         pass
-    assert calls[0] == ("deserialize", b"PLAN-AS-TENSORRT-WROTE-IT", True)
+    assert calls[0][0] == "deserialize" and calls[0][2] is True
+
+
+def test_mock_tensorrt_artifact_for_another_target_is_refused(mocked: Any) -> None:
+    import onnx
+
+    from vitdeploy.core.manifest import read_onnx_manifest, set_onnx_manifest
+    from vitdeploy.stages.engine import BuildOptions, build_engine
+
+    m = onnx.load("model.onnx")
+    man = read_onnx_manifest("model.onnx")
+    man.target = "trt8.5"
+    set_onnx_manifest(m, man)
+    onnx.save(m, "model.onnx")
+    calls = mocked["install"]("10.3.0.30")
+    with pytest.raises(VitdeployError) as e:
+        build_engine("model.onnx", BuildOptions())
+    msg = str(e.value)
+    assert "made for trt8.5" in msg and "trt10" in msg and "--target trt10" in msg and "\n" not in msg
+    assert not any(c[0] in ("parse", "build") for c in calls) and not list(Path(".").glob("*.engine"))
+    mocked["install"]("8.5.2.2")
+    build_engine("model.onnx", BuildOptions())  # on its own target it builds

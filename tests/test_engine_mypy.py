@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = ["vitdeploy/trt_compat.py", "vitdeploy/cuda.py", "vitdeploy/engine.py", "vitdeploy/runners/tensorrt.py",
+MODULES = ["vitdeploy/runners/tensorrt/versions.py", "vitdeploy/runners/tensorrt/cuda.py", "vitdeploy/stages/engine.py", "vitdeploy/runners/tensorrt/runner.py",
            "vitdeploy/cli/engine.py"]
 
 

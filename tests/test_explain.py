@@ -12,8 +12,8 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from vitdeploy.cli import app
-from vitdeploy.explain import attention_map, explain, last_layer, output_names, png_size, render, rollout
-from vitdeploy.model import VisionTransformer, ViTConfig
+from vitdeploy.model.vit import VisionTransformer, ViTConfig
+from vitdeploy.tools.explain import attention_map, explain, last_layer, output_names, png_size, render, rollout
 
 runner = CliRunner()
 
@@ -166,7 +166,7 @@ def test_output_names_keep_inputs_apart(tmp_path: Path) -> None:
 
 def _heat_from_image(a: np.ndarray, input_size: tuple[int, int]) -> np.ndarray:
     """The heat colours recovered from a drawn PNG: overlay = (1-α)·image + α·heat."""
-    from vitdeploy.explain import ALPHA, MARGIN, panel_size
+    from vitdeploy.tools.explain import ALPHA, MARGIN, panel_size
 
     pw, ph = panel_size(input_size)
     shown = a[MARGIN : MARGIN + ph, MARGIN : MARGIN + pw]
@@ -211,7 +211,7 @@ def test_explain_library_maps_and_options(digits_ckpt: Path, digits_folder: Path
                 assert ex.output.exists() and len(ex.top) == 3
                 assert ex.top[0][1] >= ex.top[1][1] >= ex.top[2][1]
     # the caption's predictions are the model's, as the one Runner path computes them
-    from vitdeploy.preprocess import preprocess_file
+    from vitdeploy.core.preprocess import preprocess_file
     from vitdeploy.runners import open_runner
 
     with open_runner(digits_ckpt) as run:
@@ -228,8 +228,8 @@ def test_explain_library_maps_and_options(digits_ckpt: Path, digits_folder: Path
 
 
 def test_explain_mean_pooled_model_on_a_photo(photo_files: list[Path], tmp_path: Path) -> None:
-    from vitdeploy.checkpoint import save_checkpoint
-    from vitdeploy.manifest import Manifest
+    from vitdeploy.core.manifest import Manifest
+    from vitdeploy.model.checkpoint import save_checkpoint
 
     cfg = ViTConfig(image_size=(48, 64), patch_size=16, embed_dim=32, depth=2, num_heads=2, num_classes=4, pool="mean")
     torch.manual_seed(0)
@@ -278,9 +278,9 @@ def test_explain_unreadable_and_wrong_inputs(digits_ckpt: Path, digits_folder: P
 @pytest.fixture(scope="module")
 def onnx_copies(digits_ckpt: Path, digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The checkpoint's ONNX export, its FP16 and INT8 (Q/DQ, calibrated on 64 train digits) copies, a raw-pixel one."""
-    from vitdeploy.embed import embed_preprocess
-    from vitdeploy.export import export_onnx
-    from vitdeploy.precision import calibrate, convert_fp16
+    from vitdeploy.graph.embed import embed_preprocess
+    from vitdeploy.stages.export import export_onnx
+    from vitdeploy.stages.precision import calibrate, convert_fp16
 
     root = tmp_path_factory.mktemp("onnx")
     fp32 = root / "model.onnx"
@@ -296,7 +296,7 @@ def test_explain_onnx_copies_look_where_the_checkpoint_looks(digits_ckpt: Path, 
                                                              onnx_copies: dict[str, Path], tmp_path: Path) -> None:
     import onnx
 
-    from vitdeploy.explain import softmax_outputs
+    from vitdeploy.tools.explain import softmax_outputs
 
     imgs = [sorted((digits_folder / "val" / str(c)).iterdir())[1] for c in range(10)]
     ref = explain(imgs, model=digits_ckpt, out_dir=tmp_path / "ckpt", method="rollout")
@@ -334,7 +334,7 @@ def test_explain_onnx_does_not_import_torch(onnx_copies: dict[str, Path], photo_
 
     code = (
         "import sys\n"
-        "from vitdeploy.explain import explain\n"
+        "from vitdeploy.tools.explain import explain\n"
         f"r = explain([{str(photo_files[3])!r}], model={str(onnx_copies['int8'])!r}, out_dir={str(tmp_path)!r})\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
         "print(r.explanations[0].output)"
@@ -367,7 +367,7 @@ def test_explain_compare_measures_how_closely_copies_follow(digits_ckpt: Path, d
 
 
 def test_compare_maps_numbers(tmp_path: Path) -> None:
-    from vitdeploy.explain import ExplainResult, Explanation, compare_maps
+    from vitdeploy.tools.explain import ExplainResult, Explanation, compare_maps
 
     a = np.array([[0.0, 1.0], [0.5, 0.25]], np.float32)
     b = a.copy()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -12,21 +13,56 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from vitdeploy.checkpoint import load_any, save_checkpoint
+from vitdeploy.checks.parity import check_parity
 from vitdeploy.cli import app
-from vitdeploy.errors import VitdeployError
-from vitdeploy.export import (
+from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.fileio import sha256_file
+from vitdeploy.core.manifest import Manifest, read_onnx_manifest
+from vitdeploy.model.checkpoint import save_checkpoint
+from vitdeploy.model.importers import load_any
+from vitdeploy.model.vit import VisionTransformer, get_preset
+from vitdeploy.stages.export import (
     BATCH_DIM,
     INPUT_NAME,
     OUTPUT_NAME,
-    check_parity,
     export_onnx,
-    graph_problems,
     max_supported_opset,
 )
-from vitdeploy.fileio import sha256_file
-from vitdeploy.manifest import Manifest, read_onnx_manifest
-from vitdeploy.model import VisionTransformer, get_preset
+
+
+def graph_problems(model: onnx.ModelProto) -> list[str]:
+    """What would keep TensorRT from a clean build: dead nodes, duplicates, unfolded constants (the exporter's checklist)."""
+    g = model.graph
+    problems: list[str] = []
+    produced_by = {o: n for n in g.node for o in n.output}
+    live: set[int] = set()
+    stack = [o.name for o in g.output]
+    while stack:
+        name = stack.pop()
+        n = produced_by.get(name)
+        if n is None or id(n) in live:
+            continue
+        live.add(id(n))
+        stack.extend(i for i in n.input if i)
+    dead = [n for n in g.node if id(n) not in live]
+    if dead:
+        problems.append(f"{len(dead)} dead node(s), e.g. {dead[0].op_type} {dead[0].name}")
+    seen: dict[tuple[Any, ...], str] = {}
+    dups = 0
+    for n in g.node:
+        key = (n.op_type, n.domain, tuple(n.input), tuple(a.SerializeToString() for a in n.attribute))
+        if key in seen:
+            dups += 1
+        seen.setdefault(key, n.name)
+    if dups:
+        problems.append(f"{dups} duplicated node(s) (same op, inputs and attributes)")
+    consts = {i.name for i in g.initializer}
+    leftovers = [n.op_type for n in g.node if n.op_type in ("Constant", "Identity", "ConstantOfShape")]
+    foldable = [n.op_type for n in g.node if n.input and all((not i) or i in consts for i in n.input)]
+    if leftovers or foldable:
+        problems.append(f"unfolded constant node(s): {', '.join(sorted(set(leftovers + foldable)))}")
+    return problems
+
 
 cli = CliRunner()
 slow = pytest.mark.skipif(
@@ -285,7 +321,7 @@ def test_graph_problems_finds_dead_duplicate_and_foldable_nodes() -> None:
 
 def test_check_graph_rejects_broken_graphs(digits_export, tmp_path: Path) -> None:
     """The low-memory checker (weights left behind as stubs) still catches what onnx.checker catches."""
-    from vitdeploy.export import check_graph
+    from vitdeploy.stages.export import check_graph
 
     good = onnx.load(str(digits_export.path))
     check_graph(good, tmp_path)

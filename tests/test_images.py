@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vitdeploy.images import iter_batches
-from vitdeploy.preprocess import Preprocess, preprocess_file
+from vitdeploy.core.images import iter_batches
+from vitdeploy.core.preprocess import Preprocess, preprocess_file
 
 
 def test_batches_keep_order_and_report_unreadable(tmp_path: Path) -> None:

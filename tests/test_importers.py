@@ -21,12 +21,11 @@ import torch.nn.functional as F
 from PIL import Image
 from typer.testing import CliRunner
 
-from vitdeploy.checkpoint import load_any
-from vitdeploy.errors import UsageError, VitdeployError
-from vitdeploy.importers import timm_arch
-from vitdeploy.manifest import read_manifest
-from vitdeploy.model import IMAGENET_MEAN, IMAGENET_STD, VisionTransformer, ViTConfig
-from vitdeploy.preprocess import preprocess_file
+from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.preprocess import preprocess_file
+from vitdeploy.model.importers import load_any, timm_arch
+from vitdeploy.model.importers import read_any_manifest as read_manifest
+from vitdeploy.model.vit import IMAGENET_MEAN, IMAGENET_STD, VisionTransformer, ViTConfig
 
 HF_LABELS = ["cat", "dog", "bird", "fish"]
 
@@ -361,8 +360,8 @@ def test_default_vit_is_unchanged_by_the_fc_norm_option() -> None:
 
 
 def test_finetune_from_hf_folder_keeps_its_preprocessing(hf_dir: Path, tmp_path: Path) -> None:
-    from vitdeploy.checkpoint import load_checkpoint
-    from vitdeploy.train import TrainOptions, train
+    from vitdeploy.model.checkpoint import load_checkpoint
+    from vitdeploy.model.train import TrainOptions, train
 
     src = load_any(hf_dir)
     out = tmp_path / "ft.pth"
@@ -377,8 +376,8 @@ def test_finetune_from_hf_folder_keeps_its_preprocessing(hf_dir: Path, tmp_path:
     assert (pe1 - pe0).norm() < 0.5 * pe0.norm()
     assert math.isfinite(res.history[0]["loss"]) and res.best_epoch == 0  # three steps of batch 512
     # and the fine-tuned checkpoint exports like any other
-    from vitdeploy.export import export_onnx
     from vitdeploy.runners import open_runner
+    from vitdeploy.stages.export import export_onnx
 
     onnx_path = tmp_path / "ft.onnx"
     export_onnx(out, onnx_path)
@@ -418,9 +417,9 @@ def test_cli_train_init_timm_and_one_line_errors(timm_file: Path, mixed_mode_fol
 
 
 def test_export_hf_folder_matches_transformers_and_carries_labels(hf_dir: Path, real_images: list[Path], tmp_path: Path) -> None:
-    from vitdeploy.export import export_onnx
-    from vitdeploy.manifest import read_onnx_manifest
+    from vitdeploy.core.manifest import read_onnx_manifest
     from vitdeploy.runners import open_runner
+    from vitdeploy.stages.export import export_onnx
 
     out = tmp_path / "hf.onnx"
     export_onnx(hf_dir, out)
@@ -435,8 +434,8 @@ def test_export_hf_folder_matches_transformers_and_carries_labels(hf_dir: Path, 
     assert np.abs(logits - ref_logits).max() <= 1e-4
     assert (logits.argmax(1) == ref_logits.argmax(1)).all()
     # verify and infer take the folder as the reference checkpoint
-    from vitdeploy.infer import open_model
-    from vitdeploy.verify import verify
+    from vitdeploy.checks.verify import verify
+    from vitdeploy.tools.infer import open_model
 
     report = verify(hf_dir, [out], real_images[0].parent)
     assert report.passed and report.results[0].backend == "torch"
@@ -444,9 +443,9 @@ def test_export_hf_folder_matches_transformers_and_carries_labels(hf_dir: Path, 
 
 
 def test_timm_state_dict_gives_reference_logits_in_torch_and_onnx(timm_file: Path, photo_files: list[Path], tmp_path: Path) -> None:
-    from vitdeploy.export import export_onnx
-    from vitdeploy.manifest import read_onnx_manifest
+    from vitdeploy.core.manifest import read_onnx_manifest
     from vitdeploy.runners import open_runner
+    from vitdeploy.stages.export import export_onnx
 
     ck = load_any(timm_file, arch="vit_tiny_patch16_224")
     m = ck.manifest
@@ -475,8 +474,8 @@ def test_timm_state_dict_gives_reference_logits_in_torch_and_onnx(timm_file: Pat
 
 
 def test_cli_import_writes_a_plain_checkpoint(timm_file: Path, tmp_path: Path) -> None:
-    from vitdeploy.checkpoint import load_checkpoint
     from vitdeploy.cli import app
+    from vitdeploy.model.checkpoint import load_checkpoint
 
     labels = tmp_path / "labels.txt"
     labels.write_text("\n".join(f"n{i}" for i in range(7)))

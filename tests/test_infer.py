@@ -16,9 +16,11 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from tests.conftest import MODES, save_in_mode
+from vitdeploy.checks.metrics import softmax, top_k
 from vitdeploy.cli import app
-from vitdeploy.errors import VitdeployError
-from vitdeploy.infer import candidate_models, infer, pick_model, softmax_topk, write_predictions
+from vitdeploy.core.errors import VitdeployError
+from vitdeploy.runners import default_backend
+from vitdeploy.tools.infer import candidate_models, infer, pick_model, write_predictions
 
 cli = CliRunner()
 BROKEN = {"truncated.jpg", "empty.png", "notes.png"}
@@ -26,7 +28,7 @@ BROKEN = {"truncated.jpg", "empty.png", "notes.png"}
 
 def export(ckpt: Path, out: Path) -> Path:
     """The ONNX model of a checkpoint, with the project's exporter."""
-    from vitdeploy.export import export_onnx
+    from vitdeploy.stages.export import export_onnx
 
     return Path(export_onnx(ckpt, out=out, check=False).path)
 
@@ -45,7 +47,7 @@ def image_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
     Returns the folder and {file name: true label} of the readable images.
     """
-    from vitdeploy.data import DIGITS_LABELS, digits_images
+    from vitdeploy.model.data import DIGITS_LABELS, digits_images
 
     imgs, y = digits_images()
     root = tmp_path_factory.mktemp("infer_images")
@@ -110,18 +112,18 @@ def test_infer_library_torch_and_onnx_agree(model_dir: Path, image_dir: tuple[Pa
     root, truth = image_dir
     a = infer([root], model=model_dir / "ckpt.pth", batch_size=4, top_k=2)
     b = infer([root], model=model_dir / "model.onnx", batch_size=7, top_k=2, workers=1)
-    assert (a.backend, b.backend) == ("torch", "onnxruntime")
+    assert (a.backend, b.backend) == ("torch", default_backend(model_dir / "model.onnx"))
     assert [p.path for p in a.predictions] == [p.path for p in b.predictions]  # input order, any batch size
     assert {p.name for p, _ in a.skipped} == BROKEN
     assert [p.label for p in a.predictions] == [p.label for p in b.predictions]
     np.testing.assert_allclose([p.score for p in a.predictions], [p.score for p in b.predictions], atol=1e-4)
     # each row is what the model says about that one file through the one preprocessing path
-    from vitdeploy.preprocess import preprocess_file
+    from vitdeploy.core.preprocess import preprocess_file
     from vitdeploy.runners import open_runner
 
     with open_runner(model_dir / "ckpt.pth") as r:
         for pred in a.predictions:
-            idx, prob = softmax_topk(r(preprocess_file(pred.path, r.manifest.pp())[None]), 2)
+            idx, prob = top_k(softmax(r(preprocess_file(pred.path, r.manifest.pp())[None])), 2)
             assert pred.labels == [r.manifest.labels[i] for i in idx[0]]
             np.testing.assert_allclose(pred.scores, prob[0], atol=1e-5)
 
@@ -162,11 +164,12 @@ def test_default_model_is_picked_and_named(model_dir: Path, image_dir: tuple[Pat
     assert [p.name for p in candidate_models(".")] == ["model.onnx", "model.fp16.onnx", "ckpt.pth"]  # CPU: FP32 before FP16
     Path("model.int8.onnx").write_bytes(b"not onnx")  # first in line, but broken: passed over with a note
     runner, notes = pick_model(".")
-    assert runner.artifact.name == "model.onnx" and runner.backend == "onnxruntime"
+    onnx_backend = default_backend("model.onnx")  # OpenVINO where installed, else ONNX Runtime
+    assert runner.artifact.name == "model.onnx" and runner.backend == onnx_backend
     assert len(notes) == 1 and "model.int8.onnx" in notes[0]
     r = cli.invoke(app, ["infer", str(root / "sub" / "deeper")])
     assert r.exit_code == 0, r.output
-    assert "model: model.onnx (onnxruntime, fp32; newest usable here)" in r.output
+    assert f"model: model.onnx ({onnx_backend}, fp32; newest usable here)" in r.output
     r = cli.invoke(app, ["infer", str(root / "sub" / "deeper"), "--backend", "torch"])
     assert r.exit_code == 0 and "model: ckpt.pth (torch" in r.output
 
@@ -214,18 +217,10 @@ def test_a_failed_write_keeps_the_old_results(model_dir: Path, image_dir: tuple[
     assert out.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["r.csv"]
 
 
-def test_softmax_topk() -> None:
-    logits = np.array([[1.0, 3.0, 2.0], [1000.0, 0.0, 1000.0]], np.float32)
-    idx, prob = softmax_topk(logits, 2)
-    assert idx.tolist() == [[1, 2], [0, 2]]
-    np.testing.assert_allclose(prob[1], [0.5, 0.5])
-    assert np.all(np.isfinite(prob))
-
-
 def test_onnx_inference_does_not_import_torch(model_dir: Path, image_dir: tuple[Path, dict[str, str]]) -> None:
     root, _ = image_dir
     code = (
-        "import sys\nfrom vitdeploy.infer import infer\n"
+        "import sys\nfrom vitdeploy.tools.infer import infer\n"
         f"r = infer([{str(root / 'sub')!r}], model={str(model_dir / 'model.onnx')!r})\n"
         "assert 'torch' not in sys.modules, 'torch imported'\nprint(len(r.predictions))"
     )

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitdeploy.model import PRESETS, VisionTransformer, ViTConfig, count_params, get_preset, preset_table
+from vitdeploy.model.vit import PRESETS, VisionTransformer, ViTConfig, count_params, get_preset, preset_table
 
 # The reference ViTs at 224x224 with a 1000-class head, as timm builds them.
 EXPECTED = {

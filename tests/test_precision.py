@@ -13,9 +13,9 @@ from onnx import TensorProto, numpy_helper
 from typer.testing import CliRunner
 
 from vitdeploy.cli import app
-from vitdeploy.errors import VitdeployError
-from vitdeploy.manifest import read_onnx_manifest
-from vitdeploy.precision import calibrate, convert_fp16
+from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.manifest import read_onnx_manifest
+from vitdeploy.stages.precision import calibrate, convert_fp16
 
 REPO = Path(__file__).resolve().parents[1]
 CALIB = REPO / "calibration"
@@ -25,7 +25,7 @@ runner = CliRunner()
 def _export(ckpt: Path, out: Path) -> Path:
     """The FP32 ONNX: vitdeploy's exporter where it exists, else the same torch export plus the manifest."""
     try:
-        from vitdeploy.export import export_onnx
+        from vitdeploy.stages.export import export_onnx
     except ImportError:
         export_onnx = None
     if export_onnx is not None:
@@ -33,8 +33,8 @@ def _export(ckpt: Path, out: Path) -> Path:
         return out
     import torch
 
-    from vitdeploy.checkpoint import load_any
-    from vitdeploy.manifest import set_onnx_manifest
+    from vitdeploy.core.manifest import set_onnx_manifest
+    from vitdeploy.model.importers import load_any
 
     ck = load_any(ckpt)
     model = ck.build()
@@ -76,7 +76,7 @@ def fp16(work: Path) -> Path:
 
 
 def _val(digits_folder: Path, manifest):
-    from vitdeploy.guard import load_eval_set
+    from vitdeploy.checks.guard import load_eval_set
 
     return load_eval_set(digits_folder, manifest)
 
@@ -84,8 +84,7 @@ def _val(digits_folder: Path, manifest):
 def _logits(path: Path, x: np.ndarray) -> np.ndarray:
     from vitdeploy.runners import open_runner
 
-    with open_runner(path) as r:
-        assert r.backend == "onnxruntime"
+    with open_runner(path, backend="onnxruntime") as r:
         return r(x)
 
 
@@ -111,7 +110,7 @@ def test_int8_meets_drop_and_agreement_targets(guarded, work: Path, digits_folde
 
 
 def test_int8_manifest_records_the_choices(int8, work: Path) -> None:
-    from vitdeploy.fileio import sha256_file
+    from vitdeploy.core.fileio import sha256_file
     from vitdeploy.runners import open_runner
 
     m = read_onnx_manifest(int8.path)
@@ -260,7 +259,22 @@ def test_fp16_graph_keeps_layernorm_and_softmax_in_fp32(fp16: Path) -> None:
 # --- the guard ---------------------------------------------------------------------------------
 
 
-def test_guard_excludes_sensitive_layers_until_the_budget_fits(work: Path, digits_folder: Path, tmp_path: Path) -> None:
+def test_guard_excludes_sensitive_layers_until_the_budget_fits(
+    work: Path, digits_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import vitdeploy.graph.quantize as quantize
+
+    # the real functions, counted: every weight is quantized once, and the model is copied for
+    # the switchable graph and the final one only, however many layers the guard probes
+    calls = {"quantize_weight": 0, "insert_qdq": 0}
+    for fn in calls:
+        real = getattr(quantize, fn)
+
+        def counted(*a, _real=real, _fn=fn, **k):  # type: ignore[no-untyped-def]
+            calls[_fn] += 1
+            return _real(*a, **k)
+
+        monkeypatch.setattr(quantize, fn, counted)
     # a deliberately poor calibration (16 images of one digit, min-max, attention quantized) costs accuracy
     one = tmp_path / "ones"
     one.mkdir()
@@ -270,12 +284,18 @@ def test_guard_excludes_sensitive_layers_until_the_budget_fits(work: Path, digit
                       quantize_attention=True, eval_dir=digits_folder)
     drop0 = loose.figures["drop_points"]
     assert drop0 > 0.5, loose.figures
+    calls.update(quantize_weight=0, insert_qdq=0)
     res = calibrate(work / "model.onnx", one, tmp_path / "guarded.int8.onnx", batch_size=16, method="minmax",
                     quantize_attention=True, eval_dir=digits_folder, max_drop=0.5)
     assert res.excluded and res.figures["drop_points"] <= 0.5
     g = read_onnx_manifest(res.path).extra["guard"]
     assert g["met"] and g["excluded"] == res.excluded and g["before"]["drop_points"] == drop0
     assert len(g["sensitivity"]) == len(res.quantized) + len(res.excluded)
+    layers = quantize.find_layers(onnx.load(str(work / "model.onnx")))
+    weighted = [la for la in layers if la.weight is not None]
+    # digits ViT, depth 4: 4 × (qkv, proj, fc1, fc2) + head = 17 weighted layers (+ 8 attention matmuls, no weight)
+    assert len(weighted) == 17, [la.node for la in weighted]
+    assert calls == {"quantize_weight": 17, "insert_qdq": 2}, calls
     # the excluded layers really carry no Q/DQ
     m, producer, _ = _graph(res.path)
     by = {n.name: n for n in m.graph.node}
@@ -347,7 +367,7 @@ def test_bad_inputs_fail_in_one_line_and_write_nothing(work: Path, int8, fp16: P
     _one_line(runner.invoke(app, ["calibrate", str(fp16), "--images", str(CALIB), "-o", str(out)]), "FP16")
     _one_line(runner.invoke(app, ["convert-fp16", str(fp16), "-o", str(out)]), "already FP16")
     _one_line(runner.invoke(app, ["convert-fp16", str(int8.path), "-o", str(out)]), "INT8")
-    from vitdeploy.embed import embed_preprocess
+    from vitdeploy.graph.embed import embed_preprocess
 
     raw = embed_preprocess(model, tmp_path / "model.raw.onnx")  # uint8 image in: calibrate the normal export instead
     _one_line(runner.invoke(app, ["calibrate", str(raw), "--images", str(CALIB), "-o", str(out)]), "preprocessing folded")
@@ -373,12 +393,14 @@ def test_a_failed_calibration_keeps_the_previous_artifact(int8, work: Path, tmp_
 
 def test_verify_shows_fp32_fp16_int8_side_by_side(guarded, int8, fp16: Path, work: Path, digits_folder: Path) -> None:
     """verify applies the per-precision tolerances to these artifacts: fp16 99.9%, int8 99% agreement."""
-    from vitdeploy.verify import verify
+    from vitdeploy.checks.verify import verify
 
     rep = verify(work / "model.onnx", [fp16, guarded.path, int8.path], digits_folder / "val")
     ref, h, g, d = rep.results
     assert [r.precision for r in rep.results] == ["fp32", "fp16", "int8", "int8"]
-    assert all(r.backend == "onnxruntime" for r in rep.results)
+    from vitdeploy.runners import default_backend
+
+    assert all(r.backend == default_backend(work / "model.onnx") for r in rep.results)  # OpenVINO where installed
     assert h.tolerance.agreement == 0.999 and g.tolerance.agreement == 0.99
     assert h.passed and g.passed, (h.failures, g.failures)
     assert g.agreement == pytest.approx(guarded.figures["agreement"]) and g.top1 == pytest.approx(guarded.figures["int8_top1"])
@@ -392,7 +414,7 @@ def test_fp16_names_stay_unique_when_the_converter_repeats_them() -> None:
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from vitdeploy.fp16 import to_fp16
+    from vitdeploy.graph.fp16 import to_fp16
 
     w = onnx.numpy_helper.from_array(np.ones(4, np.float32), "w")
     b = onnx.numpy_helper.from_array(np.zeros(4, np.float32), "b")
@@ -411,3 +433,21 @@ def test_fp16_names_stay_unique_when_the_converter_repeats_them() -> None:
     x = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
     out = ort.InferenceSession(m16.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert out.shape == (2, 4) and np.isfinite(out).all()
+
+
+def test_switchable_qdq_probes_equal_rebuilt_graphs(int8, work: Path) -> None:
+    """A probe of the switchable graph answers as the graph rebuilt for that subset; ``final`` is that graph, byte for byte."""
+    from vitdeploy.checks.guard import logits
+    from vitdeploy.graph.quantize import SwitchableQDQ, ensure_node_names, find_layers, insert_qdq
+
+    model = onnx.load(str(work / "model.onnx"))
+    ensure_node_names(model)
+    layers = find_layers(model)
+    amax = {t: r["minmax"] for t, r in json.loads(int8.cache.read_text())["ranges"].items()}
+    switch = SwitchableQDQ(model, layers, amax)
+    x = np.random.default_rng(0).standard_normal((4, 3, *int8.manifest.input_size)).astype(np.float32)
+    for excluded in ([], [layers[1].node, layers[-1].node], [la.node for la in layers]):
+        keep = [la for la in layers if la.node not in excluded]
+        rebuilt = insert_qdq(model, keep, amax)
+        np.testing.assert_array_equal(logits(switch.select(excluded), x), logits(rebuilt, x))
+        assert switch.final(excluded).SerializeToString() == rebuilt.SerializeToString()

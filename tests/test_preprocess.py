@@ -7,11 +7,11 @@ import pytest
 from PIL import Image
 
 from tests.conftest import MODES, save_in_mode
-from vitdeploy.preprocess import ImageReadError, Preprocess, list_images, load_image, preprocess_file, resize_crop
+from vitdeploy.core.preprocess import ImageReadError, Preprocess, list_images, load_image, preprocess_file, resize_crop
 
 
 def test_every_pil_mode_becomes_rgb_with_same_content(tmp_path: Path) -> None:
-    from vitdeploy.data import digits_images
+    from vitdeploy.model.data import digits_images
 
     img = digits_images()[0][0].resize((24, 24))
     ref = np.asarray(img.convert("RGB"), np.float32)

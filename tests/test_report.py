@@ -13,8 +13,8 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
+from vitdeploy.checks.report import confusion_matrix, write_report
 from vitdeploy.cli import app
-from vitdeploy.report import confusion_matrix, write_report
 
 runner = CliRunner()
 
@@ -55,8 +55,9 @@ def _parse(index: Path) -> _Page:
 @pytest.fixture(scope="module")
 def artifacts(digits_ckpt: Path, digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The checkpoint, its ONNX export, a copy with a perturbed head (it disagrees on some images), 8 images per class."""
-    from vitdeploy.checkpoint import load_any, save_checkpoint
-    from vitdeploy.export import export_onnx
+    from vitdeploy.model.checkpoint import save_checkpoint
+    from vitdeploy.model.importers import load_any
+    from vitdeploy.stages.export import export_onnx
 
     root = tmp_path_factory.mktemp("report")
     images = root / "images"
@@ -77,7 +78,7 @@ def artifacts(digits_ckpt: Path, digits_folder: Path, tmp_path_factory: pytest.T
 
 @pytest.fixture(scope="module")
 def report(artifacts: dict[str, Path]):
-    from vitdeploy.verify import verify
+    from vitdeploy.checks.verify import verify
 
     return verify(artifacts["ckpt"], [artifacts["onnx"], artifacts["perturbed"]], artifacts["images"], threads=2)
 
@@ -127,7 +128,7 @@ def test_report_page_references_only_existing_pictures(report, artifacts: dict[s
 
 
 def test_report_unlabeled_images(artifacts: dict[str, Path], tmp_path: Path) -> None:
-    from vitdeploy.verify import verify
+    from vitdeploy.checks.verify import verify
 
     flat = tmp_path / "flat"
     flat.mkdir()
@@ -141,7 +142,7 @@ def test_report_unlabeled_images(artifacts: dict[str, Path], tmp_path: Path) -> 
     assert all((index.parent / s).is_file() for s in page.images)
     assert "PASS" in " ".join(page.text) and "none: every top-1" in " ".join(page.text)
     # a file where the folder should be is refused and left as it was
-    from vitdeploy.errors import VitdeployError
+    from vitdeploy.core.errors import VitdeployError
 
     with pytest.raises(VitdeployError, match="not a folder"):
         write_report(rep, index)

@@ -7,9 +7,9 @@ import pytest
 import torch
 from PIL import Image
 
-from vitdeploy.checkpoint import load_checkpoint
-from vitdeploy.errors import VitdeployError
-from vitdeploy.train import TrainOptions, train
+from vitdeploy.core.errors import VitdeployError
+from vitdeploy.model.checkpoint import load_checkpoint
+from vitdeploy.model.train import TrainOptions, train
 
 FAST = dict(preset="vit-digits", image_size=16, patch_size=4, batch_size=16)
 

@@ -12,12 +12,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from vitdeploy.checkpoint import load_any, save_checkpoint
+from vitdeploy.checks.verify import DEFAULT_TOLERANCES, Tolerance, compare, default_tolerance, verify
 from vitdeploy.cli import app
-from vitdeploy.errors import UsageError, VitdeployError
-from vitdeploy.export import export_onnx
-from vitdeploy.manifest import read_onnx_manifest, set_onnx_manifest
-from vitdeploy.verify import DEFAULT_TOLERANCES, Tolerance, compare, default_tolerance, verify
+from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.manifest import read_onnx_manifest, set_onnx_manifest
+from vitdeploy.model.checkpoint import save_checkpoint
+from vitdeploy.model.importers import load_any
+from vitdeploy.stages.export import export_onnx
 
 cli = CliRunner()
 KEYS = {"artifact", "top1", "agreement", "max_abs_diff", "mean_abs_diff", "max_abs_logit", "cosine"}
@@ -41,8 +42,8 @@ def small_val(digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 def make_ckpt(path: Path, num_classes: int, image_size: int = 32) -> Path:
     """A randomly initialised vit-digits-shaped checkpoint."""
-    from vitdeploy.manifest import Manifest
-    from vitdeploy.model import VisionTransformer, get_preset
+    from vitdeploy.core.manifest import Manifest
+    from vitdeploy.model.vit import VisionTransformer, get_preset
 
     p = get_preset("vit-digits")
     cfg = p.config.with_(num_classes=num_classes, image_size=(image_size, image_size))

@@ -15,9 +15,10 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from vitdeploy import __version__
-from vitdeploy.errors import EXIT_FAILED, EXIT_USAGE, VitdeployError
+from vitdeploy.core.errors import EXIT_FAILED, EXIT_USAGE, VitdeployError
 
 app = typer.Typer(
     name="vitdeploy",
@@ -51,7 +52,8 @@ def main(
 
 
 def fail(message: str, code: int = EXIT_FAILED) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # the message is text, not markup: "vitdeploy[cpu]" must print as written
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -11,7 +11,7 @@ from vitdeploy.cli.app import app, console, err_console, handle_errors
 
 
 def _ints(text: str, what: str) -> list[int]:
-    from vitdeploy.errors import UsageError
+    from vitdeploy.core.errors import UsageError
 
     try:
         vals = [int(v) for v in text.replace(" ", "").split(",") if v]
@@ -25,13 +25,14 @@ def _ints(text: str, what: str) -> list[int]:
 def format_table(rows: list) -> str:
     """Plain fixed-width text: it reads the same on a terminal, in a log and pasted into an issue."""
     name_w = max([len("artifact")] + [len(Path(r.artifact).name) for r in rows])
-    head = f"{'artifact':<{name_w}}  {'backend':<11}  {'prec':<4}  {'batch':>5}  {'calls':>5}  {'p50 ms':>9}  {'p90 ms':>9}  {'p99 ms':>9}  {'images/s':>9}  {'x first':>7}"
+    head = f"{'artifact':<{name_w}}  {'backend':<11}  {'prec':<4}  {'batch':>5}  {'calls':>5}  {'p50 ms':>9}  {'p90 ms':>9}  {'p99 ms':>9}  {'images/s':>9}  {'x first':>7}  {'peak MB':>8}"
     lines = [head, "-" * len(head)]
     first: dict[int, float] = {}
     for r in rows:
         base = first.setdefault(r.batch, r.throughput)
         lines.append(f"{Path(r.artifact).name:<{name_w}}  {r.backend:<11}  {r.precision:<4}  {r.batch:>5}  {r.iterations:>5}  "
-                     f"{r.p50_ms:>9.2f}  {r.p90_ms:>9.2f}  {r.p99_ms:>9.2f}  {r.throughput:>9.1f}  {r.throughput / base:>7.2f}")
+                     f"{r.p50_ms:>9.2f}  {r.p90_ms:>9.2f}  {r.p99_ms:>9.2f}  {r.throughput:>9.1f}  {r.throughput / base:>7.2f}  "
+                     f"{(f'{r.peak_rss_mb:.0f}' if r.peak_rss_mb else '-'):>8}")
     return "\n".join(lines)
 
 
@@ -41,24 +42,28 @@ def benchmark(
     models: Optional[list[Path]] = typer.Argument(None, help="Checkpoints, ONNX models and engines to measure side by side."),
     preset: Optional[str] = typer.Option(None, help="Without MODEL: build a random-weight model of this preset, its FP32, FP16 and INT8 ONNX, and measure them all (see `vitdeploy presets`)."),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="Comma-separated batch sizes."),
-    backends: Optional[str] = typer.Option(None, help="Comma-separated backends to measure (torch, onnxruntime, tensorrt). Default: every backend that can run each artifact."),
+    backends: Optional[str] = typer.Option(None, help="Comma-separated backends to measure (torch, onnxruntime, openvino, tensorrt). Default: every installed backend that can run each artifact."),
     warmup: int = typer.Option(3, help="Untimed calls per row and batch size before measuring."),
     iterations: Optional[int] = typer.Option(None, help="Timed calls per row and batch size."),
     seconds: Optional[float] = typer.Option(None, help="Seconds per row and batch size (default 5 unless --iterations)."),
-    threads: Optional[int] = typer.Option(None, help="Threads for torch and ONNX Runtime (default: one per core)."),
+    threads: Optional[int] = typer.Option(None, help="Threads for torch, ONNX Runtime and OpenVINO (default: one per core)."),
     device: str = typer.Option("cpu", help="cpu or cuda, for torch and ONNX Runtime rows (engines always run on the GPU)."),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Write {\"results\": [...], \"machine\", \"versions\", ...} to FILE."),
     keep: Optional[Path] = typer.Option(None, help="With --preset: keep the generated artifacts in this folder."),
 ) -> None:
-    """Latency p50/p90/p99 and images/s of each artifact on each backend, measured side by side, with ratios."""
+    """Latency p50/p90/p99, images/s and peak memory of each artifact on each backend, with ratios.
+
+    Each row runs in its own process (ONNX Runtime's and OpenVINO's thread pools slow each other in one) and
+    the rows' rounds alternate, so the ratios hold on a busy machine; peak MB is the row process's peak RSS.
+    """
     import json
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from vitdeploy.bench import benchmark as run_benchmark
-    from vitdeploy.bench import benchmark_preset
-    from vitdeploy.errors import UsageError
-    from vitdeploy.fileio import write_text_atomic
+    from vitdeploy.core.errors import UsageError
+    from vitdeploy.core.fileio import write_text_atomic
+    from vitdeploy.tools.bench import benchmark as run_benchmark
+    from vitdeploy.tools.bench import benchmark_preset
 
     sizes = _ints(batch_sizes, "--batch-sizes")
     backs = [b.strip() for b in backends.split(",") if b.strip()] if backends else None
@@ -88,7 +93,8 @@ def benchmark(
     for q in rep.ratios:
         console.print(f"batch {q['batch']}: {q['row']} ({Path(q['row_artifact']).name}) / {q['vs']} "
                       f"({Path(q['vs_artifact']).name}) = {q['ratio']:.2f}x", highlight=False, soft_wrap=True)
-    console.print(f"settings: torch {rep.settings['torch']}; onnxruntime {rep.settings['onnxruntime']}", highlight=False)
+    console.print(f"settings: torch {rep.settings['torch']}; onnxruntime {rep.settings['onnxruntime']}; "
+                  f"openvino {rep.settings['openvino']}; {rep.settings['isolation']}", highlight=False, soft_wrap=True)
     if json_file is not None:
         write_text_atomic(json_file, json.dumps(rep.to_dict(), indent=2) + "\n")
         console.print(f"results → {json_file}", highlight=False)

@@ -32,9 +32,9 @@ def bundle(
     """Write a self-contained folder for a Jetson, Triton or DeepStream: ONNX + raw-pixel variants, labels, run.py, build_engine.sh."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from vitdeploy.bundle import PRECISIONS, BundleOptions
-    from vitdeploy.bundle import bundle as make_bundle
-    from vitdeploy.errors import UsageError
+    from vitdeploy.core.errors import UsageError
+    from vitdeploy.stages.bundle import PRECISIONS, BundleOptions
+    from vitdeploy.stages.bundle import bundle as make_bundle
 
     if precision is not None and precision not in PRECISIONS:
         raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
@@ -64,8 +64,8 @@ def doctor(
     """What this machine can do: Python packages, ONNX Runtime providers, TensorRT, GPU, Jetson/JetPack, DLA, and which commands work."""
     from rich.table import Table
 
-    from vitdeploy.doctor import doctor as run_doctor
-    from vitdeploy.fileio import write_text_atomic
+    from vitdeploy.core.fileio import write_text_atomic
+    from vitdeploy.tools.doctor import doctor as run_doctor
 
     rep = run_doctor()
     d = rep.to_dict()
@@ -100,6 +100,14 @@ def doctor(
     else:
         t.add_row("jetson", "no")
     t.add_row("dla", f"{rep.dla['cores']} core(s)")
+    tg = rep.target
+    if tg.get("target"):
+        dla = {True: "DLA", False: "no DLA", "unconfirmed": "DLA unconfirmed"}.get(tg["dla"], "")
+        kinds = ", ".join(f"{k} {v if v == 'yes' else 'artifact only'}" for k, v in tg["engines"].items())
+        t.add_row("target", f"{tg['target']} (TensorRT {tg['tensorrt']}, {tg['from']}; opset ≤ {tg['max_opset']}; {dla}); "
+                  f"engines: {kinds}")
+    else:
+        t.add_row("target", f"none: {tg.get('why', '')}")
     console.print(t, highlight=False, soft_wrap=True)
     ct = Table(title="vitdeploy commands here", title_justify="left")
     ct.add_column("command")

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from vitdeploy.cli.app import app, console, err_console, handle_errors
-from vitdeploy.errors import EXIT_PARTIAL
+from vitdeploy.core.errors import EXIT_PARTIAL
 
 
 @app.command("build-engine")
@@ -34,8 +34,8 @@ def build_engine(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from vitdeploy.engine import BuildOptions, EngineNotBuilt
-    from vitdeploy.engine import build_engine as run_build
+    from vitdeploy.stages.engine import BuildOptions, EngineNotBuilt
+    from vitdeploy.stages.engine import build_engine as run_build
 
     opts = BuildOptions(
         fp16=fp16, int8=int8, calib=calib, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
@@ -56,6 +56,8 @@ def build_engine(
                 prog.update(task, description=f"checking {d['path']} against {model.name}", total=None, completed=0)
             elif kind == "artifact-done":
                 report_artifact(d)
+            elif kind == "warning":
+                err_console.print(f"[yellow]warning:[/] {d['message']}", highlight=False, soft_wrap=True)
             elif kind == "build":
                 prog.update(task, description=f"TensorRT {d['tensorrt']} building {d['engine']} (minutes)",
                             total=None, completed=0)

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from vitdeploy.cli.app import app, console, err_console, handle_errors
-from vitdeploy.errors import EXIT_PARTIAL
+from vitdeploy.core.errors import EXIT_PARTIAL
 
 SHOW = 20  # images listed one per line; the rest are counted
 
@@ -36,9 +36,9 @@ def explain(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from vitdeploy.explain import compare_maps
-    from vitdeploy.explain import explain as run_explain
-    from vitdeploy.preprocess import list_images
+    from vitdeploy.core.preprocess import list_images
+    from vitdeploy.tools.explain import compare_maps
+    from vitdeploy.tools.explain import explain as run_explain
 
     total = sum(len(list_images(p)) or (1 if p.is_file() else 0) for p in images if p.exists())
     others = list(compare or [])
@@ -78,13 +78,13 @@ def explain(
         if json_out is not None:
             import json
 
-            from vitdeploy.fileio import write_text_atomic
+            from vitdeploy.core.fileio import write_text_atomic
 
             doc = {"reference": str(model), "method": method, "head_fusion": head_fusion,
                    "discard_ratio": discard_ratio, "results": [r.to_dict() for r in rows]}
             write_text_atomic(json_out, json.dumps(doc, indent=2) + "\n")
     elif json_out is not None:
-        from vitdeploy.errors import UsageError
+        from vitdeploy.core.errors import UsageError
 
         raise UsageError("--json writes the --compare results: pass --compare MODEL too")
     if result.skipped:

@@ -36,7 +36,7 @@ def export(
     """Export a checkpoint to ONNX: input pixel_values [batch, 3, H, W], output logits [batch, classes], manifest inside."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from vitdeploy.export import export_onnx
+    from vitdeploy.stages.export import export_onnx
 
     with Progress(
         SpinnerColumn(), TextColumn("[bold]export"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
@@ -67,8 +67,8 @@ def export(
     extra = f" + {result.external_data.name}" if result.external_data else ""
     console.print(f"wrote {result.path}{extra} (opset {result.opset}, dynamic batch) in {result.seconds:.1f} s", highlight=False)
     if embed_preprocess:
-        from vitdeploy.embed import embed_preprocess as embed
-        from vitdeploy.embed import raw_variant_name, record_raw_variant
+        from vitdeploy.graph.embed import embed_preprocess as embed
+        from vitdeploy.graph.embed import raw_variant_name, record_raw_variant
 
         record_raw_variant(result.path, raw_variant_name(result.path.name))
         raw = embed(result.path)

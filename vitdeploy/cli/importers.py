@@ -23,11 +23,9 @@ def import_(
     Every command takes a Hugging Face folder directly, and export and train --init take a timm state dict with
     --arch; convert once here so verify, infer, benchmark and the rest take it as a plain checkpoint.
     """
-    from vitdeploy.checkpoint import load_checkpoint
-    from vitdeploy.importers import import_checkpoint
+    from vitdeploy.model.importers import import_checkpoint
 
-    path = import_checkpoint(source, out, arch=arch, labels=labels)
-    m = load_checkpoint(path).manifest
+    path, m = import_checkpoint(source, out, arch=arch, labels=labels)
     pp = m.pp()
     h, w = pp.input_size
     console.print(

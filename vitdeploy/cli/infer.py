@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from vitdeploy.cli.app import app, console, err_console, handle_errors
-from vitdeploy.errors import EXIT_PARTIAL
+from vitdeploy.core.errors import EXIT_PARTIAL
 
 
 @app.command()
@@ -16,7 +16,7 @@ from vitdeploy.errors import EXIT_PARTIAL
 def infer(
     images: list[Path] = typer.Argument(..., help="Image files and folders (recursive; .jpg .jpeg .png .bmp .gif .tif .tiff .webp, any case; other and hidden files are ignored)."),
     model: Optional[Path] = typer.Option(None, "--model", "-m", help="Checkpoint, ONNX model or engine. Default: the newest usable one here (engine where TensorRT and a GPU are, else model.int8.onnx, model.onnx, model.fp16.onnx, else ckpt.pth)."),
-    backend: str = typer.Option("auto", help="auto (the artifact's own), torch, onnxruntime or tensorrt."),
+    backend: str = typer.Option("auto", help="auto (the fastest installed for the artifact: OpenVINO for ONNX on a CPU where installed), torch, onnxruntime, openvino or tensorrt."),
     batch_size: int = typer.Option(8, "--batch-size", "-b", help="Images per model call."),
     top_k: int = typer.Option(5, "--top-k", "-k", help="Classes to report per image (clamped to the number of classes)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the results to FILE.csv or FILE.json instead of a table."),
@@ -27,11 +27,11 @@ def infer(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from vitdeploy.infer import gather_images, open_model, write_predictions
-    from vitdeploy.infer import infer as run_infer
+    from vitdeploy.tools.infer import gather_images, open_model, write_predictions
+    from vitdeploy.tools.infer import infer as run_infer
 
     if out is not None and out.suffix.lower() not in (".csv", ".json"):
-        from vitdeploy.errors import UsageError
+        from vitdeploy.core.errors import UsageError
 
         raise UsageError(f"-o {out}: the results file must end in .csv or .json")
     paths = gather_images(images)

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from vitdeploy.cli.app import app, console, err_console, handle_errors
-from vitdeploy.precision import DEFAULT_METHOD, DEFAULT_QUANTIZE_ATTENTION
+from vitdeploy.stages.precision import DEFAULT_METHOD, DEFAULT_QUANTIZE_ATTENTION
 
 
 @app.command()
@@ -26,6 +26,7 @@ def calibrate(
     max_drop: Optional[float] = typer.Option(None, "--max-drop", help="Top-1 drop budget in points against FP32 on --eval; sensitive layers are kept in float until it fits (exit 1 if it cannot)."),
     eval_dir: Optional[Path] = typer.Option(None, "--eval", help="Labeled ImageFolder (or one with val/) to measure FP32 vs INT8 top-1 on."),
     min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="With --eval: also keep layers in float until INT8's top-1 agrees with FP32's on at least this fraction (e.g. 0.99)."),
+    backend: str = typer.Option("onnxruntime", "--backend", help="With --eval: the CPU runtime the INT8 model is evaluated on, onnxruntime or openvino (where it will run)."),
 ) -> None:
     """Quantize an ONNX model to INT8 (explicit Q/DQ, the form TensorRT 8.5–11 builds) from calibration images.
 
@@ -34,7 +35,7 @@ def calibrate(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from vitdeploy.precision import calibrate as run_calibrate
+    from vitdeploy.stages.precision import calibrate as run_calibrate
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                   TimeElapsedColumn(), console=err_console, transient=True) as prog:
@@ -51,7 +52,7 @@ def calibrate(
         result = run_calibrate(
             model, images, out, num_images=num_images, batch_size=batch_size, method=method,
             quantize_attention=quantize_attention, float_type=float_type, seed=seed, max_drop=max_drop,
-            eval_dir=eval_dir, progress=on_event, min_agreement=min_agreement,
+            eval_dir=eval_dir, progress=on_event, min_agreement=min_agreement, backend=backend,
         )
     for path, why in result.skipped:
         err_console.print(f"skipped {path}: {why}", highlight=False)
@@ -88,7 +89,7 @@ def convert_fp16(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="FP16 model to write (default: MODEL.fp16.onnx beside MODEL)."),
 ) -> None:
     """Convert an ONNX model to FP16: float16 inside, float32 input/output, LayerNorm/Softmax/reductions in float32."""
-    from vitdeploy.precision import convert_fp16 as run_convert
+    from vitdeploy.stages.precision import convert_fp16 as run_convert
 
     dest = run_convert(model, out)
     console.print(f"FP16 (LayerNorm, Softmax and reductions kept in float32) → {dest}", highlight=False)

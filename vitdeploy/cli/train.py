@@ -9,14 +9,14 @@ import typer
 from rich.table import Table
 
 from vitdeploy.cli.app import app, console, err_console, handle_errors, print_json
-from vitdeploy.errors import EXIT_PARTIAL
+from vitdeploy.core.errors import EXIT_PARTIAL
 
 
 @app.command()
 @handle_errors
 def presets(json_out: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table.")) -> None:
     """List the model presets and their sizes (parameters at 224x224 with 1000 classes)."""
-    from vitdeploy.model import preset_table
+    from vitdeploy.model.vit import preset_table
 
     rows = preset_table()
     if json_out:
@@ -40,8 +40,8 @@ def datasets(
     out_dir: Path = typer.Argument(..., help="Folder to write the ImageFolder (train/, val/) into."),
 ) -> None:
     """Write an embedded dataset as an ImageFolder of PNG files (train/ and val/)."""
-    from vitdeploy.data import DIGITS_NAME, write_digits
-    from vitdeploy.errors import UsageError
+    from vitdeploy.core.errors import UsageError
+    from vitdeploy.model.data import DIGITS_NAME, write_digits
 
     if name != DIGITS_NAME:
         raise UsageError(f"unknown dataset {name!r}: the embedded dataset is 'digits'")
@@ -77,8 +77,8 @@ def train(
     """Train a ViT on an image folder or the embedded digits set; writes a self-describing checkpoint."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from vitdeploy.train import TrainOptions
-    from vitdeploy.train import train as run_train
+    from vitdeploy.model.train import TrainOptions
+    from vitdeploy.model.train import train as run_train
 
     opts = TrainOptions(
         preset=preset, image_size=image_size, patch_size=patch_size, pool=pool, epochs=epochs, batch_size=batch_size,

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from vitdeploy.cli.app import app, console, err_console, handle_errors
-from vitdeploy.errors import EXIT_PARTIAL
+from vitdeploy.core.errors import EXIT_PARTIAL
 
 
 def _pct(x: float | None) -> str:
@@ -24,7 +24,7 @@ def verify(
     images: Path = typer.Option(..., "--images", "-i", help="Images: an ImageFolder (class sub-folders) gives accuracy too; a flat folder agreement only."),
     tolerance: Optional[str] = typer.Option(None, help="Override the per-precision limits: RTOL (e.g. 1e-4) or rtol=R,agreement=A (rtol=none to skip the logit check). Default: fp32 max|Δ| ≤ 1e-4·max(1,max|logit|) and 100% agreement; fp16 1e-2 and 99.9%; int8 99%."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", help="Images per model call."),
-    backend: str = typer.Option("auto", help="auto (each artifact's own), or a backend for the candidates that can run on it."),
+    backend: str = typer.Option("auto", help="auto (each artifact's fastest installed backend), or a backend for the candidates that can run on it (e.g. openvino for ONNX)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write {\"results\": [...]} (reference first) to FILE."),
     threads: Optional[int] = typer.Option(None, help="Inference threads (default: one per core)."),
     report_dir: Optional[Path] = typer.Option(None, "--report", help="Also write an HTML report with plots (index.html + PNGs) into DIR."),
@@ -34,9 +34,9 @@ def verify(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from vitdeploy.errors import VitdeployError
-    from vitdeploy.fileio import write_text_atomic
-    from vitdeploy.verify import verify as run_verify
+    from vitdeploy.checks.verify import verify as run_verify
+    from vitdeploy.core.errors import VitdeployError
+    from vitdeploy.core.fileio import write_text_atomic
 
     with Progress(
         TextColumn("[bold]verify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -76,7 +76,7 @@ def verify(
         write_text_atomic(json_out, json.dumps(report.to_dict(), indent=2) + "\n")
         console.print(f"results → {json_out}", highlight=False)
     if report_dir is not None:
-        from vitdeploy.report import write_report
+        from vitdeploy.checks.report import write_report
 
         console.print(f"report → {write_report(report, report_dir)}", highlight=False)
     if not report.passed:

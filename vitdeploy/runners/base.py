@@ -7,19 +7,13 @@ and benchmark only ever see this interface.
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vitdeploy.manifest import Manifest
-
-
-def available_cores() -> int:
-    """Cores this process may run on (the affinity mask, not the machine's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+from vitdeploy.core.manifest import Manifest
 
 
 class Runner(ABC):

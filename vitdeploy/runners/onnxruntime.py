@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from vitdeploy.errors import VitdeployError
-from vitdeploy.manifest import read_onnx_manifest
-from vitdeploy.runners.base import Runner, available_cores
+from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.host import available_cores
+from vitdeploy.core.manifest import read_onnx_manifest
+from vitdeploy.runners.base import Runner
 
 
 def session_options(threads: int | None = None) -> Any:

@@ -15,7 +15,7 @@ class TorchRunner(Runner):
     def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None) -> None:
         import torch
 
-        from vitdeploy.checkpoint import load_any
+        from vitdeploy.model.importers import load_any
 
         ck = load_any(path)
         super().__init__(ck.manifest, path, "fp32")

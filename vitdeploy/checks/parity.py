@@ -1,0 +1,233 @@
+"""Does an exported ONNX model answer like the PyTorch model it came from? (export's parity check)
+
+Separate from the export (as Optimum separates ``export`` from ``validate_model_outputs``):
+``check_parity`` measures and returns the figures, ``validate_parity`` raises ParityError
+when they miss the tolerance. The figures come from the one comparator (checks.metrics).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from vitdeploy.checks.metrics import compare
+from vitdeploy.core.errors import ParityError, VitdeployError
+from vitdeploy.core.manifest import Manifest
+
+if TYPE_CHECKING:
+    import torch
+
+PARITY_BATCHES = (1, 7, 32)
+PARITY_RTOL = 1e-4
+
+
+@dataclass
+class BatchParity:
+    """ONNX Runtime against PyTorch on one batch."""
+
+    batch_size: int
+    max_abs_diff: float
+    max_abs_logit: float
+    tolerance: float
+    top1_mismatches: int
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_diff <= self.tolerance and self.top1_mismatches == 0
+
+    def describe(self) -> str:
+        s = f"batch {self.batch_size}: max |Δlogit| {self.max_abs_diff:.2e} (limit {self.tolerance:.2e}"
+        s += f" = {PARITY_RTOL:g} × max(1, {self.max_abs_logit:.3g}))"
+        if self.top1_mismatches:
+            s += f", {self.top1_mismatches} of {self.batch_size} top-1 differ"
+        return s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "max_abs_diff": self.max_abs_diff,
+            "max_abs_logit": self.max_abs_logit,
+            "tolerance": self.tolerance,
+            "top1_mismatches": self.top1_mismatches,
+            "passed": self.passed,
+        }
+
+
+@dataclass
+class ParityReport:
+    """Per-batch parity results; iterates like the list of them."""
+
+    batches: list[BatchParity]
+    source: str  # where the inputs came from: a folder, "calibration", "digits" or "random"
+    num_images: int
+    warnings: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(b.passed for b in self.batches)
+
+    @property
+    def failures(self) -> list[BatchParity]:
+        return [b for b in self.batches if not b.passed]
+
+    def __iter__(self) -> Iterator[BatchParity]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> BatchParity:
+        return self.batches[i]
+
+    def summary(self) -> str:
+        worst = max(self.batches, key=lambda b: b.max_abs_diff / b.tolerance)
+        sizes = ", ".join(str(b.batch_size) for b in self.batches)
+        verdict = "passed" if self.passed else "FAILED"
+        return f"parity {verdict} at batch {sizes} on {self.source} ({self.num_images} images); worst {worst.describe()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "source": self.source,
+            "num_images": self.num_images,
+            "batches": [b.to_dict() for b in self.batches],
+            "warnings": self.warnings,
+            "skipped": [list(s) for s in self.skipped],
+        }
+
+
+def _parity_inputs(
+    manifest: Manifest, images: str | Path | None, count: int
+) -> tuple[np.ndarray, int, str, list[str], list[tuple[str, str]]]:
+    """``count`` preprocessed inputs from the first source that has images (cycled when there are fewer),
+    and how many distinct ones there are."""
+    from vitdeploy.core.images import iter_batches
+    from vitdeploy.core.preprocess import list_images
+
+    pp = manifest.pp()
+    notes: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    arrays: list[np.ndarray] = []
+    source = ""
+    folder: Path | None = None
+    if images is not None:
+        folder = Path(images)
+        if not folder.exists():
+            raise VitdeployError(f"--images {folder}: no such folder")
+        files = list_images(folder)
+        if not files:
+            raise VitdeployError(f"--images {folder}: no image files in it")
+    else:
+        cal = Path("calibration")
+        files = list_images(cal) if cal.is_dir() else []
+        folder = cal if files else None
+    if folder is not None:
+        source = str(folder)
+        for b in iter_batches(files[: count * 2], pp, batch_size=count):
+            skipped += [(str(p), why) for p, why in b.skipped]
+            arrays += list(b.array) if len(b.paths) else []
+            if len(arrays) >= count:
+                break
+        if not arrays:
+            raise VitdeployError(f"{folder}: none of its images can be read (first: {skipped[0][0]}: {skipped[0][1]})")
+    elif manifest.source.get("dataset") == "digits":
+        from vitdeploy.core.preprocess import preprocess_image
+        from vitdeploy.model.data import digits_images, digits_split
+
+        imgs, _ = digits_images()
+        _, val = digits_split()
+        source = "digits"
+        arrays = [preprocess_image(imgs[i].convert("RGB"), pp) for i in val[:count]]
+    else:
+        source = "random"
+        notes.append(
+            "no images to check parity on (no --images, no calibration/ images, not a digits model): "
+            "random inputs prove the graph, not the accuracy; pass --images DIR"
+        )
+        h, w = manifest.input_size
+        arrays = list(np.random.default_rng(0).standard_normal((count, 3, h, w), dtype=np.float32))
+    n = len(arrays)
+    if n < count:
+        notes.append(f"only {n} readable image(s) in {source}: repeated to fill batches")
+    x = np.stack([arrays[i % n] for i in range(count)]).astype(np.float32)
+    return x, min(n, count), source, notes, skipped
+
+
+def check_parity(
+    checkpoint_or_model: Any,
+    onnx_path: str | Path,
+    images: str | Path | None = None,
+    batch_sizes: Sequence[int] = PARITY_BATCHES,
+    rtol: float = PARITY_RTOL,
+    arch: str | None = None,
+    labels: str | Path | None = None,
+) -> ParityReport:
+    """ONNX Runtime (CPU) against PyTorch on the same inputs, one ONNX Runtime run per batch size.
+
+    ``checkpoint_or_model``: a checkpoint path (anything load_any reads), a Checkpoint,
+    or an eval-mode VisionTransformer. A batch passes when max |Δlogit| ≤ rtol × max(1,
+    max |logit|) and every top-1 agrees. The batches are the first 1, 7, 32 of the same
+    32 inputs, so PyTorch runs once over 32 (on 2 cores the reference pass costs as much
+    as the ONNX Runtime runs: 40 distinct images would add a fifth to the export).
+    """
+    import torch
+
+    from vitdeploy.runners.onnxruntime import OnnxRuntimeRunner
+
+    model = _torch_model(checkpoint_or_model, arch, labels)
+    runner = OnnxRuntimeRunner(onnx_path)
+    count = int(max(batch_sizes))
+    x, distinct, source, notes, skipped = _parity_inputs(runner.manifest, images, count)
+    with torch.inference_mode():
+        ref_all = model(torch.from_numpy(x)).float().numpy()
+    results: list[BatchParity] = []
+    for bs in batch_sizes:
+        ref = ref_all[:bs]
+        got = runner.run(x[:bs])
+        if got.shape != ref.shape:
+            raise VitdeployError(f"{onnx_path}: batch {bs} gives logits of shape {list(got.shape)}, PyTorch {list(ref.shape)}")
+        c = compare(ref, got)
+        results.append(
+            BatchParity(
+                batch_size=int(bs),
+                max_abs_diff=c.max_abs_diff,
+                max_abs_logit=c.max_abs_reference,
+                tolerance=c.limit(rtol),
+                top1_mismatches=c.mismatches,
+            )
+        )
+    runner.close()
+    return ParityReport(results, source, distinct, notes, skipped)
+
+
+def validate_parity(
+    checkpoint_or_model: Any,
+    onnx_path: str | Path,
+    images: str | Path | None = None,
+    batch_sizes: Sequence[int] = PARITY_BATCHES,
+    rtol: float = PARITY_RTOL,
+) -> ParityReport:
+    """``check_parity``, raising ParityError (naming the worst batch) when a batch fails (Optimum's
+    ``validate_model_outputs``: export writes, validation judges)."""
+    report = check_parity(checkpoint_or_model, onnx_path, images=images, batch_sizes=batch_sizes, rtol=rtol)
+    if not report.passed:
+        worst = max(report.failures, key=lambda b: b.max_abs_diff / b.tolerance)
+        raise ParityError(f"parity check failed against PyTorch on {report.source}: {worst.describe()}")
+    return report
+
+
+def _torch_model(obj: Any, arch: str | None = None, labels: str | Path | None = None) -> torch.nn.Module:
+    from torch import nn
+
+    from vitdeploy.model.checkpoint import Checkpoint
+    from vitdeploy.model.importers import load_any
+
+    if isinstance(obj, nn.Module):
+        return obj.eval()
+    ck = obj if isinstance(obj, Checkpoint) else load_any(obj, arch=arch, labels=labels)
+    return ck.build()

@@ -1,0 +1,339 @@
+"""Does a deployed artifact still answer like the reference? Logits and accuracy on real images.
+
+The comparator only sees the Runner interface (Polygraphy's split: loaders, runners,
+comparator), so checkpoints, ONNX models and engines are compared alike. The report
+keeps every artifact's full logits, in image order, for reports built on top of it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vitdeploy.checks import metrics
+from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.manifest import Manifest
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """When a candidate still answers like the reference.
+
+    ``rtol``: max |Δlogit| ≤ rtol × max(1, max |reference logit|) (None: not checked).
+    ``agreement``: the least share of images whose top-1 equals the reference's.
+    """
+
+    rtol: float | None = 1e-4
+    agreement: float = 1.0
+
+    def describe(self) -> str:
+        parts = [f"agreement ≥ {self.agreement:.1%}"]
+        if self.rtol is not None:
+            parts.insert(0, f"max |Δlogit| ≤ {self.rtol:g} × max(1, max |logit|)")
+        return " and ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rtol": self.rtol, "agreement": self.agreement}
+
+    @classmethod
+    def parse(cls, text: str) -> Tolerance:
+        """``"1e-3"`` (rtol, 100% agreement), ``"agreement=0.99"``, ``"rtol=1e-2,agreement=0.999"``, ``"rtol=none,..."``."""
+        rtol: float | None = None
+        agreement = 1.0
+        try:
+            if "=" not in text:
+                return cls(float(text), 1.0)
+            for part in text.split(","):
+                k, _, v = part.partition("=")
+                k = k.strip().lower()
+                if k in ("rtol", "logit", "diff"):
+                    rtol = None if v.strip().lower() in ("none", "off", "") else float(v)
+                elif k in ("agreement", "agree"):
+                    agreement = float(v.rstrip("%")) / (100.0 if v.strip().endswith("%") else 1.0)
+                else:
+                    raise ValueError(k)
+        except ValueError:
+            raise UsageError(
+                f"--tolerance {text!r}: write RTOL (e.g. 1e-3) or rtol=R,agreement=A (e.g. rtol=1e-2,agreement=0.999)"
+            ) from None
+        if not 0.0 <= agreement <= 1.0:
+            raise UsageError(f"--tolerance {text!r}: agreement must be a fraction from 0 to 1 (or a percentage)")
+        return cls(rtol, agreement)
+
+
+# Per precision of the candidate (runner.precision); --tolerance overrides.
+DEFAULT_TOLERANCES: dict[str, Tolerance] = {
+    "fp32": Tolerance(rtol=1e-4, agreement=1.0),
+    "fp16": Tolerance(rtol=1e-2, agreement=0.999),
+    "int8": Tolerance(rtol=None, agreement=0.99),
+}
+
+
+def default_tolerance(precision: str) -> Tolerance:
+    return DEFAULT_TOLERANCES.get(precision, DEFAULT_TOLERANCES["fp32"])
+
+
+@dataclass
+class ArtifactResult:
+    artifact: str
+    backend: str
+    precision: str
+    logits: np.ndarray  # [N, C] float32, in the order of VerifyReport.paths
+    top1: float | None
+    top5: float | None
+    agreement: float
+    max_abs_diff: float
+    mean_abs_diff: float
+    max_abs_logit: float
+    cosine: float
+    min_cosine: float
+    seconds: float
+    tolerance: Tolerance | None = None  # None for the reference
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def predictions(self) -> np.ndarray:
+        return self.logits.argmax(-1)
+
+    @property
+    def is_reference(self) -> bool:
+        return self.tolerance is None
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "artifact": self.artifact,
+            "backend": self.backend,
+            "precision": self.precision,
+            "reference": self.is_reference,
+            "top1": self.top1,
+            "top5": self.top5,
+            "agreement": self.agreement,
+            "max_abs_diff": self.max_abs_diff,
+            "mean_abs_diff": self.mean_abs_diff,
+            "max_abs_logit": self.max_abs_logit,
+            "cosine": self.cosine,
+            "min_cosine": self.min_cosine,
+            "tolerance": self.tolerance.to_dict() if self.tolerance else None,
+            "passed": self.passed,
+            "failures": self.failures,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclass
+class VerifyReport:
+    results: list[ArtifactResult]  # the reference first, then the candidates in argument order
+    paths: list[str]  # the images measured, in order (unreadable ones are in ``skipped``)
+    labels: np.ndarray | None  # class index (into class_labels) per image, or None for a flat folder
+    class_labels: list[str]
+    images: str
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def reference(self) -> ArtifactResult:
+        return self.results[0]
+
+    @property
+    def candidates(self) -> list[ArtifactResult]:
+        return self.results[1:]
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
+
+    @property
+    def failures(self) -> list[str]:
+        return [f"{r.artifact}: {f}" for r in self.results for f in r.failures]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "results": [r.to_dict() for r in self.results],
+            "images": self.images,
+            "num_images": len(self.paths),
+            "labeled": self.labels is not None,
+            "classes": len(self.class_labels),
+            "passed": self.passed,
+            "skipped": [{"path": p, "reason": why} for p, why in self.skipped],
+            "notes": self.notes,
+        }
+
+
+def _image_set(images: str | Path, manifest: Manifest) -> tuple[list[Path], list[int] | None, list[str]]:
+    """Files to measure, their labels (indices into the model's labels) when the folder is labeled, and notes."""
+    from vitdeploy.model.data import read_labeled_folder
+
+    root = Path(images)
+    if not root.exists():
+        raise VitdeployError(f"--images {root}: no such folder")
+    if root.is_file():
+        return [root], None, []
+    folder = read_labeled_folder(root, list(manifest.labels))
+    return folder.files, folder.labels, folder.notes
+
+
+def _check_compatible(manifests: Sequence[tuple[str, Manifest]]) -> None:
+    ref_name, ref = manifests[0]
+    for name, m in manifests[1:]:
+        if m.num_classes != ref.num_classes:
+            raise VitdeployError(
+                f"{name} has {m.num_classes} classes, {ref_name} has {ref.num_classes}: verify compares artifacts of one model"
+            )
+        if m.input_size != ref.input_size:
+            raise VitdeployError(
+                f"{name} takes {m.input_size[0]}x{m.input_size[1]} inputs, {ref_name} "
+                f"{ref.input_size[0]}x{ref.input_size[1]}: verify compares artifacts of one model"
+            )
+
+
+def compare(
+    name: str,
+    logits: np.ndarray,
+    ref: np.ndarray,
+    labels: np.ndarray | None,
+    tolerance: Tolerance | None,
+    backend: str = "?",
+    precision: str = "fp32",
+    seconds: float = 0.0,
+) -> ArtifactResult:
+    """One artifact's logits against the reference's (the reference compared with itself gives the zeros)."""
+    n, c = logits.shape
+    cmp = metrics.compare(ref, logits)
+    res = ArtifactResult(
+        artifact=name,
+        backend=backend,
+        precision=precision,
+        logits=logits,
+        top1=metrics.top_k_accuracy(logits, labels, 1) if labels is not None and n else None,
+        top5=metrics.top_k_accuracy(logits, labels, 5) if labels is not None and n and c >= 5 else None,
+        agreement=cmp.agreement,
+        max_abs_diff=cmp.max_abs_diff,
+        mean_abs_diff=cmp.mean_abs_diff,
+        max_abs_logit=cmp.max_abs_candidate,
+        cosine=cmp.cosine,
+        min_cosine=cmp.min_cosine,
+        seconds=seconds,
+        tolerance=tolerance,
+    )
+    if tolerance is not None and n:
+        ref_max = cmp.max_abs_reference
+        if tolerance.rtol is not None:
+            limit = cmp.limit(tolerance.rtol)
+            if res.max_abs_diff > limit:
+                res.failures.append(
+                    f"max |Δlogit| {res.max_abs_diff:.2e} > {limit:.2e} ({tolerance.rtol:g} × max(1, {ref_max:.3g}))"
+                )
+        if res.agreement < tolerance.agreement:
+            differ = int(round((1 - res.agreement) * n))
+            res.failures.append(
+                f"top-1 agreement {res.agreement:.2%} < {tolerance.agreement:.1%} ({differ} of {n} images differ)"
+            )
+    return res
+
+
+def verify(
+    reference: str | Path,
+    candidates: Sequence[str | Path],
+    images: str | Path,
+    tolerance: Tolerance | str | None = None,
+    batch_size: int = 32,
+    backend: str = "auto",
+    progress: Progress | None = None,
+    threads: int | None = None,
+    device: str = "cpu",
+) -> VerifyReport:
+    """Run every artifact over the same images and compare each candidate with the reference.
+
+    ``tolerance`` None: per the candidate's precision (DEFAULT_TOLERANCES). Returns the report
+    whether or not it passes (``report.passed``); bad inputs raise VitdeployError.
+    """
+    from vitdeploy.core.images import iter_batches
+    from vitdeploy.runners import BACKENDS_OF_KIND, Runner, artifact_kind, default_backend, open_runner
+
+    if isinstance(tolerance, str):
+        tolerance = Tolerance.parse(tolerance)
+    if batch_size < 1:
+        raise UsageError("--batch-size must be at least 1")
+    artifacts = [Path(reference), *[Path(c) for c in candidates]]
+    if len(artifacts) < 2:
+        raise UsageError("verify needs a reference and at least one candidate")
+    for a in artifacts:
+        if not a.exists():
+            raise VitdeployError(f"{a}: no such file or folder")
+    if not Path(images).exists():
+        raise VitdeployError(f"--images {images}: no such folder")
+
+    runners: list[Runner] = []
+    notes: list[str] = []
+    try:
+        # each artifact is loaded once (a checkpoint's manifest costs a full torch.load), and
+        # checked against the reference as soon as it is open
+        for i, a in enumerate(artifacts):
+            # the candidates that can run on --backend run on it; the reference and the others on their own ('auto')
+            use = backend if i > 0 and backend in BACKENDS_OF_KIND[artifact_kind(a)] else "auto"
+            if i > 0 and backend != "auto" and use == "auto":
+                notes.append(f"{a}: a {artifact_kind(a)} runs on {default_backend(a, device)}, not {backend}")
+            runners.append(open_runner(a, backend=use, threads=threads, device=device))
+            if i > 0:
+                _check_compatible([(str(artifacts[0]), runners[0].manifest), (str(a), runners[i].manifest)])
+        ref_manifest = runners[0].manifest
+        paths, labels, more = _image_set(images, ref_manifest)
+        notes += more
+        # one pass over the images per distinct preprocessing (normally one for all)
+        groups: dict[str, list[int]] = {}
+        for i, r in enumerate(runners):
+            groups.setdefault(r.manifest.pp().__repr__(), []).append(i)
+        outs: list[list[np.ndarray]] = [[] for _ in runners]
+        secs = [0.0 for _ in runners]
+        kept: list[str] | None = None
+        kept_labels: list[int] = []
+        skipped: list[tuple[str, str]] = []
+        if progress:
+            progress("start", {"total": len(paths) * len(groups), "artifacts": len(runners)})
+        for gi, members in enumerate(groups.values()):
+            pp = runners[members[0]].manifest.pp()
+            these: list[str] = []
+            for b in iter_batches(paths, pp, batch_size, labels=labels):
+                if gi == 0:
+                    skipped += [(str(p), why) for p, why in b.skipped]
+                    kept_labels += b.labels or []
+                these += [str(p) for p in b.paths]
+                if len(b.paths):
+                    for i in members:
+                        t = time.perf_counter()
+                        outs[i].append(runners[i](b.array))
+                        secs[i] += time.perf_counter() - t
+                if progress:
+                    progress("advance", {"n": len(b.paths) + len(b.skipped)})
+            if kept is None:
+                kept = these
+            elif these != kept:
+                raise VitdeployError(f"{images}: the readable images changed between passes; re-run on a stable folder")
+            if len(groups) > 1:
+                notes.append(f"{', '.join(str(artifacts[i]) for i in members)}: own preprocessing ({pp.to_dict()})")
+    finally:
+        for r in runners:
+            r.close()
+    kept = kept or []
+    if not kept:
+        first = f" (first: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+        raise VitdeployError(f"{images}: no readable images to verify on{first}")
+    num_classes = ref_manifest.num_classes
+    logits = [np.concatenate(o).astype(np.float32) if o else np.zeros((0, num_classes), np.float32) for o in outs]
+    lab = np.asarray(kept_labels, np.int64) if labels is not None else None
+    results = []
+    for i, (a, r) in enumerate(zip(artifacts, runners, strict=True)):
+        tol = None if i == 0 else (tolerance or default_tolerance(r.precision))
+        results.append(compare(str(a), logits[i], logits[0], lab, tol, r.backend, r.precision, secs[i]))
+    return VerifyReport(results, kept, lab, list(ref_manifest.labels), str(images), skipped, notes)

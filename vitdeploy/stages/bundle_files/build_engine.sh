@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Build the TensorRT engine for this bundle ON THE DEVICE that will run it: an engine is tied to the
+# TensorRT version and GPU that built it. Uses `vitdeploy build-engine` where vitdeploy is installed,
+# else trtexec (JetPack ships it in /usr/src/tensorrt/bin). Written by `vitdeploy bundle`.
+#
+#   ./build_engine.sh                     # @@PRECISION@@ engine from the raw-pixel variant → run.py uses it
+#   ./build_engine.sh --precision fp16    # another precision in this bundle (@@AVAILABLE@@)
+#   ./build_engine.sh --normalized        # from the plain export (float32 NCHW, normalised input)
+#   ./build_engine.sh --triton            # and install it as triton/@@NAME@@/1/model.plan (platform tensorrt_plan)
+#   ./build_engine.sh --deepstream        # the DeepStream variant → deepstream/model.ds.engine
+#   ./build_engine.sh --dla 0             # on DLA core 0 with GPU fallback (static batch = opt)
+#   ./build_engine.sh --batch 1:8:32      # batch profile min:opt:max (default @@MIN@@:@@OPT@@:@@MAX@@)
+#   ./build_engine.sh --trtexec           # use trtexec even where vitdeploy is installed
+#   ./build_engine.sh --dry-run           # print the command, build nothing (TRT_VERSION=8.5 ...: as for TensorRT 8.5)
+set -euo pipefail
+SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
+cd "$(dirname "$0")"
+
+PRECISION=@@PRECISION@@
+AVAILABLE="@@AVAILABLE@@"
+H=@@H@@
+W=@@W@@
+MIN=@@MIN@@
+OPT=@@OPT@@
+MAX=@@MAX@@
+NAME=@@NAME@@
+TRITON_SOURCE=@@TRITON_SOURCE@@
+VARIANT=raw
+TRITON=0
+DEEPSTREAM=0
+DLA=""
+USE_TRTEXEC=0
+DRY_RUN=0
+
+die() { echo "build_engine.sh: $*" >&2; exit 1; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --precision) PRECISION="${2:?--precision needs fp32, fp16 or int8}"; shift 2 ;;
+    --normalized) VARIANT=normalized; shift ;;
+    --triton) TRITON=1; shift ;;
+    --deepstream) DEEPSTREAM=1; shift ;;
+    --dla) DLA="${2:?--dla needs a core number}"; shift 2 ;;
+    --batch) IFS=: read -r MIN OPT MAX <<< "${2:?--batch needs MIN:OPT:MAX}"; shift 2 ;;
+    --trtexec) USE_TRTEXEC=1; shift ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$SELF"; exit 0 ;;
+    *) die "unknown option $1 (see --help)" ;;
+  esac
+done
+
+case " $AVAILABLE " in *" $PRECISION "*) ;; *) die "no $PRECISION model in this bundle (it has: $AVAILABLE)" ;; esac
+[ "$MIN" -le "$OPT" ] && [ "$OPT" -le "$MAX" ] 2>/dev/null || die "batch profile must be MIN ≤ OPT ≤ MAX, got $MIN:$OPT:$MAX"
+
+case "$PRECISION" in
+  fp32) BASE=model ;;
+  fp16) BASE=model.fp16 ;;
+  int8) BASE=model.int8 ;;
+  *) die "unknown precision $PRECISION" ;;
+esac
+
+if [ "$DEEPSTREAM" = 1 ]; then
+  [ "$PRECISION" = @@PRECISION@@ ] || die "the DeepStream variant is the @@PRECISION@@ model; re-bundle with --precision $PRECISION"
+  ONNX=deepstream/model.ds.onnx; ENGINE=deepstream/model.ds.engine
+  INPUT=images; SHAPE="3x${H}x${W}"
+elif [ "$VARIANT" = raw ]; then
+  ONNX=$BASE.raw.onnx; ENGINE=$BASE.raw.engine
+  INPUT=images; SHAPE="${H}x${W}x3"
+else
+  ONNX=$BASE.onnx; ENGINE=$BASE.engine
+  INPUT=pixel_values; SHAPE="3x${H}x${W}"
+fi
+if [ "$TRITON" = 1 ] && [ "$ONNX" != "$TRITON_SOURCE" ]; then
+  die "Triton serves $TRITON_SOURCE; build it with: ./build_engine.sh --triton (without --precision/--normalized/--deepstream)"
+fi
+[ -f "$ONNX" ] || die "$ONNX is missing from this bundle"
+if [ -n "$DLA" ]; then   # DLA takes no dynamic shapes and runs FP16 or INT8 only
+  [ "$PRECISION" != fp32 ] || die "DLA runs FP16 or INT8: pass --precision fp16 or int8 (this bundle has: $AVAILABLE)"
+  MIN=$OPT; MAX=$OPT
+fi
+
+if [ "$USE_TRTEXEC" = 0 ] && command -v vitdeploy >/dev/null 2>&1; then
+  # vitdeploy writes the engine atomically, with its .json sidecar (TensorRT version, GPU) beside it
+  TMP="$ENGINE"   # no trap: a failed build must not delete the previous good engine
+  CMD=(vitdeploy build-engine "$ONNX" --out "$ENGINE" --min-batch "$MIN" --opt-batch "$OPT" --max-batch "$MAX"
+       --timing-cache timing.cache)
+  [ -n "$DLA" ] && CMD+=(--dla-core "$DLA")
+else
+  TMP="$ENGINE.tmp.$$"
+  trap 'rm -f "$TMP"' EXIT
+  TRTEXEC="$(command -v trtexec || true)"
+  [ -z "$TRTEXEC" ] && [ -x /usr/src/tensorrt/bin/trtexec ] && TRTEXEC=/usr/src/tensorrt/bin/trtexec
+  if [ -z "$TRTEXEC" ]; then
+    [ "$DRY_RUN" = 1 ] || die "neither vitdeploy nor trtexec found: install JetPack's TensorRT (trtexec is in /usr/src/tensorrt/bin) or pip install vitdeploy"
+    TRTEXEC=trtexec; TRT_VERSION="${TRT_VERSION:-${TRT_MAJOR:-10}.0}"   # a dry run here: as for TensorRT 10 (TRT_VERSION=8.5 ./build_engine.sh --dry-run for 8.5)
+  fi
+  # TensorRT version: TRT_VERSION, else the Python bindings, else the banner trtexec prints (v8502 = 8.5.2, v100300 = 10.3.0)
+  [ -n "${TRT_VERSION:-}" ] || { [ -n "${TRT_MAJOR:-}" ] && TRT_VERSION="$TRT_MAJOR.0"; } || true
+  [ -n "${TRT_VERSION:-}" ] || TRT_VERSION="$(python3 -c 'import tensorrt; print(tensorrt.__version__)' 2>/dev/null || true)"
+  if [ -z "${TRT_VERSION:-}" ]; then
+    V="$("$TRTEXEC" --help 2>&1 | sed -n 's/.*TensorRT v\([0-9][0-9]*\).*/\1/p' | head -n 1)"
+    case "${#V}" in
+      4) TRT_VERSION="${V:0:1}.${V:1:1}.$((10#${V:2:2}))" ;;
+      6) TRT_VERSION="$((10#${V:0:2})).$((10#${V:2:2})).$((10#${V:4:2}))" ;;
+      *) TRT_VERSION=10.0; echo "build_engine.sh: cannot tell the TensorRT version; assuming 10 (set TRT_VERSION=X.Y)" >&2 ;;
+    esac
+  fi
+  IFS=. read -r TRT_MAJOR TRT_MINOR TRT_PATCH _ <<< "$TRT_VERSION.0.0"
+  TRT_MINOR=$((10#${TRT_MINOR:-0})); TRT_PATCH=$((10#${TRT_PATCH:-0}))
+  # DLA exists on 8.x, 10.0-10.7 and 11.4.1+ (JetPack 7.2.2+); NVIDIA: 10.7 was the last 10.x with DLA, 11.0-11.3 have none
+  if [ -n "$DLA" ]; then
+    if { [ "$TRT_MAJOR" = 10 ] && [ "$TRT_MINOR" -ge 8 ]; } || { [ "$TRT_MAJOR" -ge 11 ] && { [ "$TRT_MINOR" -lt 4 ] || { [ "$TRT_MINOR" = 4 ] && [ "$TRT_PATCH" -lt 1 ]; }; }; }; then
+      die "TensorRT $TRT_VERSION has no DLA (10.7 was the last 10.x with it; 11.4.1+ on JetPack 7.2.2+): build without --dla"
+    fi
+  fi
+  # trtexec's build-only option: 8.5 knows only --buildOnly (an unknown option is fatal); 8.6+ --skipInference
+  if [ "$TRT_MAJOR" = 8 ] && [ "$TRT_MINOR" -le 5 ]; then BUILD_ONLY=--buildOnly; else BUILD_ONLY=--skipInference; fi
+  CMD=("$TRTEXEC" --onnx="$ONNX" --saveEngine="$TMP" "$BUILD_ONLY" --timingCacheFile=timing.cache
+       --minShapes="$INPUT:${MIN}x$SHAPE" --optShapes="$INPUT:${OPT}x$SHAPE" --maxShapes="$INPUT:${MAX}x$SHAPE")
+  # precision lives in the ONNX graph: TensorRT 8 needs the builder flags to honour it, 9/10 build it
+  # strongly typed, 11 builds every network strongly typed (and has no precision flags). DLA on 8-10 is
+  # built weakly typed with the flags, as NVIDIA documents for DLA.
+  if [ "$TRT_MAJOR" -le 8 ] || { [ -n "$DLA" ] && [ "$TRT_MAJOR" -le 10 ]; }; then
+    case "$PRECISION" in fp16) CMD+=(--fp16) ;; int8) CMD+=(--int8 --fp16) ;; esac
+  elif [ "$TRT_MAJOR" -le 10 ]; then
+    case "$PRECISION" in fp16|int8) CMD+=(--stronglyTyped) ;; esac
+  fi
+  [ -n "$DLA" ] && CMD+=(--useDLACore="$DLA" --allowGPUFallback)
+fi
+
+echo "+ ${CMD[*]}"
+[ "$DRY_RUN" = 1 ] && exit 0
+"${CMD[@]}"
+[ -s "$TMP" ] || die "no engine was written"
+[ "$TMP" = "$ENGINE" ] || mv -f "$TMP" "$ENGINE"
+trap - EXIT
+# run.py sets the runtime's DLA core from this before loading a DLA engine (vitdeploy's sidecar says it too)
+if [ -n "$DLA" ]; then echo "$DLA" > "$ENGINE.dla"; else rm -f "$ENGINE.dla"; fi
+echo "wrote $ENGINE"
+
+if [ "$TRITON" = 1 ]; then
+  cp "$ENGINE" "triton/$NAME/1/model.plan.tmp.$$" && mv -f "triton/$NAME/1/model.plan.tmp.$$" "triton/$NAME/1/model.plan"
+  sed -i.bak 's/^platform: "onnxruntime_onnx"$/platform: "tensorrt_plan"/' "triton/$NAME/config.pbtxt" && rm -f "triton/$NAME/config.pbtxt.bak"
+  echo "installed triton/$NAME/1/model.plan (config.pbtxt: platform tensorrt_plan)"
+fi
+if [ "$ONNX" = "$BASE.raw.onnx" ] && [ "$PRECISION" = @@PRECISION@@ ]; then CHECK=""; else CHECK=" --model $ONNX"; fi
+echo "check it against the bundle's reference logits: python3 run.py --check$CHECK"

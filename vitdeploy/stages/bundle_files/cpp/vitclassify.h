@@ -1,0 +1,120 @@
+// vitclassify: classify images with the bundle's raw-pixel TensorRT engine from C++.
+//
+// Written by `vitdeploy bundle` into the bundle's cpp/ folder. Two translation units:
+//   vitclassify.cpp      everything that needs no GPU: bundle.cfg and labels.txt, image decoding (OpenCV),
+//                        Pillow's resampling (the same bytes as run.py), crop, batch packing, softmax, top-k;
+//   vitclassify_trt.cpp  the engine: TensorRT 8.5 ... 11 through the name-based API, CUDA runtime calls.
+// The raw-pixel engine takes uint8 [batch, H, W, 3] RGB; scaling, mean/std and layout are inside the graph,
+// so the only preprocessing here is decode, resize and crop, done exactly as run.py does it with Pillow.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace vitdeploy {
+
+// Every failure the library reports: one line that names the problem and what to do.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// The manifest facts the C++ side needs, from the bundle's cpp/bundle.cfg (key=value lines, # comments).
+struct Config {
+  int input_height = 0;
+  int input_width = 0;
+  std::string resize_mode = "shorter";   // "shorter": shorter side to size/crop_pct, centre crop; "squash"
+  double crop_pct = 0.875;
+  std::string interpolation = "bicubic";  // Pillow's filter: nearest, box, bilinear, hamming, bicubic, lanczos
+  std::string channel_order = "RGB";     // of the source model; the raw-pixel engine always takes RGB
+  // Pillow's pass order for a two-pass resize: "horizontal" (Pillow <= 12: always horizontal, then vertical) or
+  // "pillow13" (Pillow 13: vertical first when the height shrinks by more than twice as many pixels as the width).
+  // The passes round to uint8 in between, so the order changes some pixels by one level.
+  std::string resample_order = "horizontal";
+  std::string input_name = "images";
+  int num_classes = 0;
+  std::string labels;   // path, resolved against the config's folder
+  std::string engine;   // default engine path, resolved against the config's folder
+  int batch = 8;        // images per call, as run.py --batch
+  int top = 1;          // labels printed per image, as run.py --top
+};
+
+Config read_config(const std::string& path);
+std::vector<std::string> read_labels(const std::string& path);
+std::map<std::string, std::string> read_key_values(const std::string& path);
+
+// An 8-bit RGB image, row-major HWC.
+struct Image {
+  int width = 0;
+  int height = 0;
+  std::vector<uint8_t> rgb;
+};
+
+// Decode a file into RGB as run.py's to_rgb does (16-bit grey scaled to 0-255, alpha dropped, EXIF orientation
+// applied by OpenCV). Throws Error naming the file when it cannot be read or decoded.
+Image load_rgb(const std::string& path);
+// Pillow's Image.resize(size, filter) for an RGB image (libImaging/Resample.c; nearest: Geometry.c's affine).
+Image pil_resize(const Image& in, int width, int height, const std::string& interpolation,
+                 const std::string& resample_order = "horizontal");
+// run.py's resize_crop: the resized, centre-cropped image of the config's input size.
+Image resize_crop(const Image& in, const Config& cfg);
+// load_rgb + resize_crop.
+Image load_resized(const std::string& path, const Config& cfg);
+
+// How n images are run on an engine whose profile takes min..max: chunks of at most min(batch, max)
+// images, each padded up to min (a DLA engine has one fixed batch: min == max).
+struct Chunk {
+  int first = 0;   // index of the first image
+  int count = 0;   // real images in the chunk
+  int padded = 0;  // batch actually run (count plus zero-filled padding)
+};
+std::vector<Chunk> plan_batches(int n, int batch, int min_batch, int max_batch);
+// Images of one size → one contiguous uint8 NHWC buffer of `padded` images (the padding is zeros).
+std::vector<uint8_t> pack(const std::vector<Image>& images, int first, int count, int padded);
+
+struct Prediction {
+  int index = 0;
+  float score = 0.0f;
+};
+// Softmax of one row of logits in float32, as run.py computes it with numpy.
+std::vector<float> softmax(const float* logits, int n);
+// The k best classes, highest score first.
+std::vector<Prediction> top_k(const std::vector<float>& probs, int k);
+
+// Files to classify from command-line arguments, as run.py's list_images: folders are searched recursively
+// for image extensions (sorted, hidden entries skipped); a file is taken as it is.
+std::vector<std::string> list_images(const std::vector<std::string>& args);
+// A path as Python's str(pathlib.Path(p)) prints it (repeated slashes, "." parts and a trailing slash dropped).
+std::string python_path(const std::string& p);
+// Read a whole file; throws Error naming it when it is missing or unreadable.
+std::vector<char> read_file(const std::string& path, const std::string& what);
+
+struct EngineOptions {
+  int dla_core = -1;     // set on the runtime before deserializing a DLA engine, as trtexec --useDLACore does
+  bool verbose = false;  // TensorRT's warnings and errors on stderr
+};
+
+// A raw-pixel engine. open() is defined in vitclassify_trt.cpp (TensorRT and CUDA).
+class Classifier {
+ public:
+  static std::unique_ptr<Classifier> open(const std::string& engine_path, const EngineOptions& options = {});
+  virtual ~Classifier() = default;
+  virtual int min_batch() const = 0;
+  virtual int max_batch() const = 0;
+  virtual int input_height() const = 0;
+  virtual int input_width() const = 0;
+  virtual int num_classes() const = 0;
+  // Run exactly n images (min_batch <= n <= max_batch), uint8 NHWC → n * num_classes() float logits.
+  virtual void run(const uint8_t* pixels, int n, float* logits) = 0;
+
+  // Logits of any number of images of the engine's input size: split and padded per plan_batches().
+  std::vector<float> logits(const std::vector<Image>& images, int batch = 8);
+  // Softmax and the k best classes of each image.
+  std::vector<std::vector<Prediction>> classify(const std::vector<Image>& images, int k = 1, int batch = 8);
+};
+
+}  // namespace vitdeploy

@@ -1,0 +1,218 @@
+// vitclassify: the engine (see vitclassify.h). TensorRT's name-based I/O API, present with the same signatures
+// from 8.5 to 11, read in NVIDIA's public headers (tensorrt-include/<version>/NvInferRuntime.h, line numbers for
+// 8.6 / 10.3 / 10.16 / 11.1):
+//   IRuntime::deserializeCudaEngine(void const*, size_t)  786 / 1483 / 1967 / 1963   (null for a foreign engine)
+//   IRuntime::setDLACore(int32_t)                          694 / 1401 / 1881 / 1877
+//   ICudaEngine::getProfileShape(name, profile, selector)  2226 / 2984 / 3678 / 3454
+//   ICudaEngine::getNbIOTensors / getIOTensorName          2427,2439 / 3121,3133 / 3818,3830 / 3554,3566
+//   IExecutionContext::setInputShape                       2861 / 3745 / 4497 / 4134
+//   IExecutionContext::setTensorAddress                    3250 / 4009 / 4764 / 4384
+//   IExecutionContext::enqueueV3(cudaStream_t)             3465 / 4270 / 5025 / 4645
+//   ICudaEngine::createExecutionContext()                  1763 / 2621 / 3271 / 3087  (10+: a defaulted argument)
+// Objects are released with delete (destroy() is gone since 10). The one difference that matters here is Dims:
+// Dims32 with int32_t extents in 8.6 (NvInferRuntimeBase.h:183-199), Dims64 with int64_t from 10
+// (10.3 NvInferRuntimeBase.h:201-217, 11.1 :221-237); the code reads extents through int64_t and writes ints,
+// which fits both, so no #if on NV_TENSORRT_MAJOR is needed beyond the 8.5 floor below.
+#include "vitclassify.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include <NvInfer.h>
+#include <NvInferVersion.h>
+#include <cuda_runtime_api.h>
+
+#if !defined(NV_TENSORRT_MAJOR) || NV_TENSORRT_MAJOR < 8 || (NV_TENSORRT_MAJOR == 8 && NV_TENSORRT_MINOR < 5)
+#error "vitclassify needs TensorRT 8.5 or newer (the name-based I/O API and uint8 network inputs)"
+#endif
+
+namespace vitdeploy {
+namespace {
+
+class Logger : public nvinfer1::ILogger {
+ public:
+  explicit Logger(bool verbose) : verbose_(verbose) {}
+  void log(Severity severity, char const* msg) noexcept override {
+    if (verbose_ && severity <= Severity::kWARNING) std::fprintf(stderr, "TensorRT: %s\n", msg);
+  }
+
+ private:
+  bool verbose_;
+};
+
+void cuda_check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) throw Error(std::string("CUDA ") + what + " failed: " + cudaGetErrorString(rc));
+}
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  ~DeviceBuffer() {
+    if (ptr) cudaFree(ptr);
+  }
+  void reserve(size_t n) {
+    if (n <= bytes) return;
+    if (ptr) cuda_check(cudaFree(ptr), "cudaFree");
+    ptr = nullptr;
+    bytes = 0;
+    cuda_check(cudaMalloc(&ptr, n), "cudaMalloc");
+    bytes = n;
+  }
+};
+
+uint16_t as_u16(const void* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+float half_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while (!(mant & 0x400u));
+      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (mant & 0x3ffu) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | mant << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+class TrtClassifier : public Classifier {
+ public:
+  TrtClassifier(const std::string& path, const EngineOptions& opt) : logger_(opt.verbose) {
+    std::vector<char> blob = read_file(path, "engine file (build it with ./build_engine.sh)");
+    runtime_.reset(nvinfer1::createInferRuntime(logger_));
+    if (!runtime_) throw Error("TensorRT: createInferRuntime failed (is libnvinfer installed and matching its headers?)");
+    if (opt.dla_core >= 0) runtime_->setDLACore(opt.dla_core);  // before deserializing, as trtexec --useDLACore
+    engine_.reset(runtime_->deserializeCudaEngine(blob.data(), blob.size()));
+    if (!engine_)
+      throw Error(path + ": TensorRT " + std::to_string(NV_TENSORRT_MAJOR) + "." + std::to_string(NV_TENSORRT_MINOR) +
+                  " cannot load this engine (built by another TensorRT version or GPU?): rebuild it with ./build_engine.sh");
+    for (int32_t i = 0; i < engine_->getNbIOTensors(); ++i) {
+      const char* name = engine_->getIOTensorName(i);
+      if (engine_->getTensorIOMode(name) == nvinfer1::TensorIOMode::kINPUT) {
+        if (!input_.empty()) throw Error(path + ": an engine with more than one input is not the bundle's raw-pixel model");
+        input_ = name;
+      } else {
+        outputs_.push_back(name);
+      }
+    }
+    if (input_.empty() || outputs_.empty()) throw Error(path + ": the engine has no input or no output");
+    nvinfer1::Dims d = engine_->getTensorShape(input_.c_str());
+    if (engine_->getTensorDataType(input_.c_str()) != nvinfer1::DataType::kUINT8 || d.nbDims != 4 || d.d[3] != 3)
+      throw Error(path + ": input " + input_ + " is not uint8 [batch, H, W, 3]: build the engine from the raw-pixel ONNX (model*.raw.onnx)");
+    height_ = static_cast<int>(d.d[1]);
+    width_ = static_cast<int>(d.d[2]);
+    const nvinfer1::DataType out_type = engine_->getTensorDataType(outputs_[0].c_str());
+    if (out_type != nvinfer1::DataType::kFLOAT && out_type != nvinfer1::DataType::kHALF)
+      throw Error(path + ": output " + outputs_[0] + " is neither float32 nor float16");
+    if (static_cast<int64_t>(d.d[0]) >= 0) {  // a static batch (a DLA engine): exactly that many images per call
+      min_ = max_ = static_cast<int>(d.d[0]);
+    } else {
+      if (engine_->getNbOptimizationProfiles() < 1) throw Error(path + ": a dynamic batch without an optimization profile");
+      min_ = static_cast<int>(engine_->getProfileShape(input_.c_str(), 0, nvinfer1::OptProfileSelector::kMIN).d[0]);
+      max_ = static_cast<int>(engine_->getProfileShape(input_.c_str(), 0, nvinfer1::OptProfileSelector::kMAX).d[0]);
+    }
+    if (min_ < 1 || max_ < min_) throw Error(path + ": unusable batch profile " + std::to_string(min_) + ".." + std::to_string(max_));
+    context_.reset(engine_->createExecutionContext());
+    if (!context_) throw Error(path + ": TensorRT could not create an execution context (out of GPU memory?)");
+    cuda_check(cudaStreamCreate(&stream_), "cudaStreamCreate");
+    out_bufs_.resize(outputs_.size());
+    // the class count: the first output's last extent at the smallest batch
+    nvinfer1::Dims in = d;
+    in.d[0] = min_;
+    if (!context_->setInputShape(input_.c_str(), in)) throw Error(path + ": setInputShape failed for batch " + std::to_string(min_));
+    nvinfer1::Dims od = context_->getTensorShape(outputs_[0].c_str());
+    if (od.nbDims != 2 || od.d[1] < 1) throw Error(path + ": output " + outputs_[0] + " is not [batch, classes]");
+    classes_ = static_cast<int>(od.d[1]);
+  }
+
+  ~TrtClassifier() override {
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int min_batch() const override { return min_; }
+  int max_batch() const override { return max_; }
+  int input_height() const override { return height_; }
+  int input_width() const override { return width_; }
+  int num_classes() const override { return classes_; }
+
+  void run(const uint8_t* pixels, int n, float* logits) override {
+    if (n < min_ || n > max_)
+      throw Error("batch " + std::to_string(n) + " outside the engine's profile " + std::to_string(min_) + ".." + std::to_string(max_));
+    nvinfer1::Dims in = engine_->getTensorShape(input_.c_str());
+    in.d[0] = n;
+    if (!context_->setInputShape(input_.c_str(), in)) throw Error("TensorRT setInputShape failed for batch " + std::to_string(n));
+    const size_t in_bytes = static_cast<size_t>(n) * height_ * width_ * 3;
+    in_buf_.reserve(in_bytes);
+    cuda_check(cudaMemcpyAsync(in_buf_.ptr, pixels, in_bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (to the GPU)");
+    if (!context_->setTensorAddress(input_.c_str(), in_buf_.ptr)) throw Error("TensorRT setTensorAddress failed for " + input_);
+    std::vector<size_t> out_bytes(outputs_.size());
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      nvinfer1::Dims od = context_->getTensorShape(outputs_[i].c_str());
+      size_t count = 1;
+      for (int32_t j = 0; j < od.nbDims; ++j) {
+        if (od.d[j] < 0) throw Error("TensorRT left output " + outputs_[i] + " with an unknown extent");
+        count *= static_cast<size_t>(od.d[j]);
+      }
+      out_bytes[i] = count * element_size(engine_->getTensorDataType(outputs_[i].c_str()));
+      out_bufs_[i].reserve(std::max<size_t>(out_bytes[i], 1));
+      if (!context_->setTensorAddress(outputs_[i].c_str(), out_bufs_[i].ptr)) throw Error("TensorRT setTensorAddress failed for " + outputs_[i]);
+    }
+    if (!context_->enqueueV3(stream_)) throw Error("TensorRT enqueueV3 failed");
+    const bool half = engine_->getTensorDataType(outputs_[0].c_str()) == nvinfer1::DataType::kHALF;
+    std::vector<uint8_t> host(out_bytes[0]);
+    cuda_check(cudaMemcpyAsync(host.data(), out_bufs_[0].ptr, out_bytes[0], cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (from the GPU)");
+    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    const size_t values = static_cast<size_t>(n) * classes_;
+    if (out_bytes[0] != values * (half ? 2 : 4)) throw Error("output " + outputs_[0] + " is not [batch, " + std::to_string(classes_) + "]");
+    for (size_t i = 0; i < values; ++i)
+      logits[i] = half ? half_to_float(as_u16(&host[i * 2])) : [&] { float f; std::memcpy(&f, &host[i * 4], 4); return f; }();
+  }
+
+ private:
+  static size_t element_size(nvinfer1::DataType t) {
+    switch (t) {
+      case nvinfer1::DataType::kFLOAT:
+      case nvinfer1::DataType::kINT32:
+        return 4;
+      case nvinfer1::DataType::kHALF:
+        return 2;
+      default:
+        return 8;  // generous for the rest (int64 and wider); only the first output is read
+    }
+  }
+
+  Logger logger_;
+  std::unique_ptr<nvinfer1::IRuntime> runtime_;
+  std::unique_ptr<nvinfer1::ICudaEngine> engine_;
+  std::unique_ptr<nvinfer1::IExecutionContext> context_;
+  cudaStream_t stream_ = nullptr;
+  std::string input_;
+  std::vector<std::string> outputs_;
+  DeviceBuffer in_buf_;
+  std::vector<DeviceBuffer> out_bufs_;
+  int min_ = 1, max_ = 1, height_ = 0, width_ = 0, classes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Classifier> Classifier::open(const std::string& engine_path, const EngineOptions& options) {
+  return std::make_unique<TrtClassifier>(engine_path, options);
+}
+
+}  // namespace vitdeploy

@@ -1,0 +1,394 @@
+"""ONNX → TensorRT plan, from the precision artifacts; imports tensorrt lazily.
+
+The engine step compiles a decided graph and makes no numeric decisions of its own: ``--int8`` and
+``--fp16`` only choose (or first make, through ``vitdeploy.stages.precision``) the ONNX whose graph carries
+the precision. The plan is written as TensorRT serialized it — no header — so trtexec, Triton and
+DeepStream load it; ``<engine>.json`` beside it holds the manifest and how it was built. Where
+TensorRT or a GPU is missing, the precision artifact is still written and ``EngineNotBuilt``
+(exit 3) carries the commands that finish the job on the target.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vitdeploy.core.errors import PartlyDone, UsageError, VitdeployError
+from vitdeploy.core.fileio import atomic_path, sha256_file
+from vitdeploy.core.manifest import Manifest, read_onnx_manifest, sidecar_path, tool_versions
+from vitdeploy.core.targets import CPU_TARGETS, target_of_version
+from vitdeploy.runners.tensorrt.versions import (
+    ArtifactPlan,
+    NetworkPlan,
+    Profile,
+    base_stem,
+    engine_record,
+    finish_commands,
+    import_tensorrt,
+    make_profile,
+    network_plan,
+    opset_problem,
+    plan_artifact,
+)
+
+Event = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class BuildOptions:
+    """``vitdeploy build-engine``'s options, with the same names and defaults."""
+
+    fp16: bool = False
+    int8: bool = False
+    calib: Path = Path("calibration")
+    min_batch: int = 1
+    opt_batch: int = 8
+    max_batch: int = 32
+    workspace: float | None = None  # GiB
+    timing_cache: Path | None = None
+    dla_core: int | None = None
+    version_compatible: bool = False
+    out: Path | None = None
+
+
+@dataclass
+class BuildResult:
+    engine: Path
+    sidecar: Path
+    artifact: Path
+    record: dict[str, Any]
+    made: dict[str, Any] | None  # what make_artifact did (None: the model was built as it is)
+
+
+class EngineNotBuilt(PartlyDone):
+    """The precision artifact is written, the engine is not: ``missing`` says why, ``commands`` finish it."""
+
+    def __init__(self, artifact: Path, made: dict[str, Any] | None, missing: str, commands: list[str]) -> None:
+        self.artifact = artifact
+        self.made = made  # what make_artifact did (None: the model was built as it is)
+        self.made_artifact = made is not None
+        self.missing = missing
+        self.commands = commands
+        super().__init__(f"{missing}: {artifact} is ready; build the engine on the target with: {commands[0]}")
+
+
+# ---------------------------------------------------------------- what is here
+
+
+@dataclass
+class TensorRTEnv:
+    """TensorRT and the GPU as found here; ``missing`` names what is not (None: everything is)."""
+
+    trt: Any = None
+    version: str | None = None
+    gpu: str | None = None
+    compute_capability: tuple[int, int] | None = None
+    cuda_runtime: str | None = None
+    missing: str | None = field(default=None)
+
+
+def probe(device: int = 0) -> TensorRTEnv:
+    from vitdeploy.runners.tensorrt.cuda import gpu_info
+
+    trt = import_tensorrt()
+    env = TensorRTEnv()
+    if isinstance(trt, str):
+        env.missing = trt
+    else:
+        env.trt, env.version = trt, str(trt.__version__)
+    info = gpu_info(device)
+    if isinstance(info, str):
+        env.missing = f"{env.missing}, and {info}" if env.missing else info
+    else:
+        env.gpu, env.compute_capability, env.cuda_runtime = info
+    return env
+
+
+# ---------------------------------------------------------------- the ONNX input
+
+
+def onnx_opset(path: Path) -> int:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+
+
+def onnx_input(path: Path) -> tuple[str, list[int]]:
+    """The model's (first) input name and dims, -1 for symbolic ones (the batch)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in inits]
+    if len(inputs) != 1:
+        raise VitdeployError(f"{path}: expected one image input, found {len(inputs)}; re-export it with `vitdeploy export`")
+    inp = inputs[0]
+    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in inp.type.tensor_type.shape.dim]
+    return inp.name, dims
+
+
+def input_dims(path: Path, manifest: Manifest) -> tuple[str, list[int]]:
+    name, dims = onnx_input(path)
+    if len(dims) == 4 and dims[1] in (-1, 3) and -1 in dims[2:]:  # symbolic H, W: the manifest's size
+        h, w = manifest.input_size
+        dims = [dims[0], 3, h, w]
+    return name, dims
+
+
+# ---------------------------------------------------------------- the command
+
+
+def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None = None,
+                 on_event: Event | None = None) -> BuildResult:
+    """Make the precision artifact where asked, then compile it into a plan with its sidecar.
+
+    Raises UsageError for impossible options before any work starts, and EngineNotBuilt (exit 3)
+    after writing the precision artifact where TensorRT or a CUDA GPU is missing.
+    """
+    o = options or BuildOptions()
+    emit = on_event or (lambda kind, d: None)
+    model = Path(model)
+    profile = make_profile(o.min_batch, o.opt_batch, o.max_batch, o.dla_core)
+    if o.workspace is not None and o.workspace <= 0:
+        raise UsageError(f"--workspace {o.workspace}: give the builder's workspace limit in GiB, more than 0")
+    if not model.exists():
+        hint = " (run `vitdeploy export ckpt.pth` first)" if model.name == "model.onnx" else ""
+        raise VitdeployError(f"{model}: no such file{hint}")
+    if model.suffix != ".onnx":
+        raise UsageError(f"{model}: build-engine takes an ONNX model; make one with `vitdeploy export {model}`")
+    manifest = read_onnx_manifest(model)
+    plan = plan_artifact(model, manifest.precision, o.fp16, o.int8, o.out, o.dla_core)
+    if plan.make == "int8" and not Path(o.calib).is_dir():
+        raise VitdeployError(
+            f"{o.calib}: no such folder of calibration images: put a few hundred images like the ones "
+            "the model will see there, or pass --calib DIR"
+        )
+
+    env = probe()
+    if env.missing is None:  # refuse what this device cannot do before any calibration or build starts
+        network_plan(env.version or "0", plan.precision, o.dla_core is not None, o.version_compatible)
+        if o.dla_core is not None:
+            n = int(env.trt.Builder(_logger(env.trt)).num_DLA_cores)
+            if o.dla_core >= n:
+                raise UsageError(
+                    f"--dla-core {o.dla_core}: this device has {n} DLA core{'s' if n != 1 else ''}"
+                    + (" (Jetson Orin has them; Thor, Nano and desktop GPUs have none)" if n == 0 else "")
+                )
+
+    if env.missing is None:  # an artifact made for another TensorRT: say so before calibrating or building
+        target_mismatch(model, manifest, env.version or "0")
+    if env.missing is None:  # a parser that cannot read the opset: say so before calibrating or building
+        problem = opset_problem(onnx_opset(plan.source), env.version or "0")
+        if problem:
+            raise VitdeployError(f"{plan.artifact}: {problem}")
+    made = make_artifact(plan, Path(o.calib), emit)
+    name, dims = input_dims(plan.artifact, read_onnx_manifest(plan.artifact))
+    opset = onnx_opset(plan.artifact)
+    if env.missing is not None:
+        cmds = finish_commands(plan.artifact, plan.engine, name, dims, profile, plan.precision, o.workspace,
+                               o.timing_cache, o.dla_core, o.version_compatible, opset)
+        raise EngineNotBuilt(plan.artifact, made, env.missing, cmds)
+    problem = opset_problem(opset, env.version or "0")
+    if problem:
+        raise VitdeployError(f"{plan.artifact} is written, but {problem}")
+    return compile_engine(plan, env, profile, name, dims, o, emit, made)
+
+
+def make_artifact(plan: ArtifactPlan, calib: Path, emit: Event) -> dict[str, Any] | None:
+    """Write the FP16 or INT8 ONNX the engine is built from (vitdeploy.stages.precision), then check it against its source.
+
+    Returns None when the artifact is built as it is; else what was made: skipped calibration images,
+    warnings, and the check (top-1 agreement and largest logit difference against the FP32 model on
+    the calibration images, under ONNX Runtime).
+    """
+    if plan.make is None:
+        return None
+    try:
+        precision = importlib.import_module("vitdeploy.stages.precision")  # issue 4's module: calibrate, convert_fp16
+    except ImportError:
+        raise VitdeployError("this vitdeploy has no precision module: update vitdeploy") from None
+    emit("artifact", {"kind": plan.make, "path": str(plan.artifact)})
+    made: dict[str, Any] = {"kind": plan.make, "path": str(plan.artifact), "skipped": [], "warnings": []}
+    if plan.make == "int8":
+        res = precision.calibrate(plan.source, calib, plan.artifact, float_type="fp16",
+                                  progress=lambda kind, d: emit(kind, d))
+        made["skipped"] = [(str(p), why) for p, why in res.skipped]
+        made["warnings"] = list(res.warnings)
+    else:
+        precision.convert_fp16(plan.source, plan.artifact)
+    emit("check", {"path": str(plan.artifact)})
+    made["check"] = compare_artifacts(plan.source, plan.artifact, calib)
+    emit("artifact-done", made)
+    return made
+
+
+def compare_artifacts(reference: Path, candidate: Path, images: Path, limit: int = 64) -> dict[str, Any] | None:
+    """How closely ``candidate`` answers like ``reference`` on up to ``limit`` images (ONNX Runtime, CPU).
+
+    None where there are no images to compare on. Labels are not needed: this is agreement, not accuracy.
+    """
+    import numpy as np
+
+    from vitdeploy.core.images import iter_batches
+    from vitdeploy.core.preprocess import list_images
+    from vitdeploy.runners.onnxruntime import OnnxRuntimeRunner
+
+    files = list_images(images)[:limit] if Path(images).is_dir() else []
+    if not files:
+        return None
+    ref, cand = OnnxRuntimeRunner(reference), OnnxRuntimeRunner(candidate)
+    a: list[np.ndarray] = []
+    b: list[np.ndarray] = []
+    for batch in iter_batches(files, ref.manifest.pp(), 32):
+        if len(batch.array):
+            a.append(ref(batch.array))
+            b.append(cand(batch.array))
+    if not a:
+        return None
+    x, y = np.concatenate(a), np.concatenate(b)
+    return {
+        "images": int(len(x)),
+        "top1_agreement": float(np.mean(x.argmax(1) == y.argmax(1))),
+        "max_abs_logit_diff": float(np.max(np.abs(x - y))),
+        "against": Path(reference).name,
+    }
+
+
+def _logger(trt: Any) -> Any:
+    return trt.Logger(trt.Logger.WARNING)
+
+
+def compile_engine(plan: ArtifactPlan, env: TensorRTEnv, profile: Profile, input_name: str, dims: list[int],
+                   o: BuildOptions, emit: Event, made: dict[str, Any] | None = None) -> BuildResult:
+    """Parse the artifact, build one plan, write it and its sidecar atomically (and the timing cache)."""
+    import tensorrt as trt
+
+    version = str(trt.__version__)
+    nplan = network_plan(version, plan.precision, o.dla_core is not None, o.version_compatible)
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(network_flags(trt, nplan))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(plan.artifact)):
+        errors = [str(parser.get_error(i).desc()) for i in range(parser.num_errors)]
+        raise VitdeployError(
+            f"{plan.artifact}: TensorRT {version} cannot parse it: {'; '.join(errors)[:300] or 'no reason given'}"
+            " (TensorRT 8.5/8.6 read ONNX opsets up to 17: re-export with --opset 17)"
+        )
+    config = builder.create_builder_config()
+    if o.workspace is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(o.workspace * (1 << 30)))
+    for flag in nplan.builder_flags:
+        config.set_flag(getattr(trt.BuilderFlag, flag))
+    if o.dla_core is not None:
+        config.default_device_type = trt.DeviceType.DLA
+        config.DLA_core = int(o.dla_core)
+    mn, op, mx = profile.shapes(dims)
+    prof = builder.create_optimization_profile()
+    prof.set_shape(input_name, trt.Dims(list(mn)), trt.Dims(list(op)), trt.Dims(list(mx)))
+    if config.add_optimization_profile(prof) < 0:
+        raise VitdeployError(f"TensorRT refused the batch profile {mn} / {op} / {mx} for input {input_name!r}")
+    cache = None
+    if o.timing_cache is not None:
+        cache = use_timing_cache(config, Path(o.timing_cache), emit)
+
+    emit("build", {"engine": str(plan.engine), "tensorrt": version})
+    t0 = time.perf_counter()
+    serialized = builder.build_serialized_network(network, config)
+    seconds = time.perf_counter() - t0
+    if serialized is None:
+        raise VitdeployError(f"TensorRT {version} could not build {plan.artifact}: see its messages above")
+
+    options = {
+        "min_batch": profile.min, "opt_batch": profile.opt, "max_batch": profile.max,
+        "workspace_gib": o.workspace, "timing_cache": str(o.timing_cache) if o.timing_cache else None,
+        "dla_core": o.dla_core, "version_compatible": o.version_compatible,
+    }
+    record = engine_record(
+        trt_version=version, gpu_name=env.gpu or "?", compute_capability=env.compute_capability or (0, 0),
+        profile=profile, input_name=input_name, input_dims=dims, plan=nplan, options=options,
+        build_seconds=seconds, source=plan.artifact, source_sha256=sha256_file(plan.artifact),
+        cuda_runtime=env.cuda_runtime,
+    )
+    record["built_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    if made and made.get("check"):
+        record["artifact_check"] = made["check"]  # the artifact against FP32 under ONNX Runtime, before the build
+    manifest = read_onnx_manifest(plan.artifact)
+    side = sidecar_manifest(manifest, record, plan.artifact)
+    sidecar = sidecar_path(plan.engine)
+    with atomic_path(plan.engine) as tmp_engine, atomic_path(sidecar) as tmp_side:
+        with open(tmp_engine, "wb") as f:
+            f.write(memoryview(serialized))
+        tmp_side.write_text(side.to_json(indent=2) + "\n")
+    if cache is not None and o.timing_cache is not None:
+        timing = config.get_timing_cache()
+        with atomic_path(o.timing_cache) as tmp_cache, open(tmp_cache, "wb") as f:
+            f.write(memoryview(timing.serialize()))
+    emit("built", {"engine": str(plan.engine), "seconds": seconds})
+    return BuildResult(plan.engine, sidecar, plan.artifact, record, made)
+
+
+def use_timing_cache(config: Any, path: Path, emit: Event) -> Any:
+    """Read the timing cache into the builder; one from another device or TensorRT (None, or refused) is
+    replaced by an empty one, and the build says so. Returns the cache in use (None: building without one)."""
+    data = path.read_bytes() if path.exists() else b""
+    cache = config.create_timing_cache(data)
+    if cache is not None and config.set_timing_cache(cache, False):
+        return cache
+    if data:
+        emit("warning", {"message": f"{path}: timing cache from another device or TensorRT version; building without "
+                                    "it and writing a fresh one"})
+    cache = config.create_timing_cache(b"")
+    if cache is None or not config.set_timing_cache(cache, False):
+        emit("warning", {"message": f"{path}: TensorRT could not make a timing cache; building without one"})
+        return None
+    return cache
+
+
+def remake_command(model: Path, manifest: Manifest, target: str) -> str:
+    """The command that re-makes ``model`` for ``target`` (export for FP32, convert-fp16 / calibrate for the others)."""
+    fp32 = model.parent / f"{base_stem(model)}.onnx"
+    if manifest.precision == "fp16":
+        return f"vitdeploy convert-fp16 {fp32} --target {target}"
+    if manifest.precision == "int8":
+        return f"vitdeploy calibrate {fp32} --target {target}"
+    ckpt = (manifest.source or {}).get("checkpoint") or "CHECKPOINT"
+    return f"vitdeploy export {ckpt} --target {target} -o {model}"
+
+
+def target_mismatch(model: Path, manifest: Manifest, trt_version: str) -> None:
+    """Refuse an artifact made for another TensorRT target (one line: both targets, the command that re-makes it)."""
+    made_for = getattr(manifest, "target", None)
+    if not made_for or made_for in CPU_TARGETS:
+        return
+    here = target_of_version(trt_version)
+    if made_for != here:
+        raise VitdeployError(
+            f"{model} was made for {made_for}, this is TensorRT {trt_version} ({here}): re-make it with "
+            f"`{remake_command(model, manifest, here)}`"
+        )
+
+
+def network_flags(trt: Any, nplan: NetworkPlan) -> int:
+    """create_network's flag bits; EXPLICIT_BATCH only where it exists and is needed (8.x, 9.x)."""
+    flags = 0
+    if nplan.explicit_batch:
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+    if nplan.strongly_typed:
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    return flags
+
+
+def sidecar_manifest(manifest: Manifest, record: dict[str, Any], artifact: Path) -> Manifest:
+    """The artifact's manifest for the engine: same model, labels, preprocessing and precision, plus the build."""
+    source = {"artifact": artifact.name, "sha256": record["source_sha256"], "kind": "onnx", "parent": manifest.source}
+    versions = dict(manifest.versions)
+    versions.update(tool_versions("onnx"))
+    versions["tensorrt"] = record["tensorrt"]
+    return manifest.derive(source=source, versions=versions, engine=record)

@@ -1,0 +1,496 @@
+"""Checkpoint → ONNX with a dynamic batch, cleaned for TensorRT, then proven against PyTorch.
+
+Exporter choice (measured on 2 CPU cores, vit-base at 224): torch's TorchScript
+exporter (``dynamo=False``) takes ~13 s and writes opset 17 directly; the
+dynamo exporter takes ~38 s and writes more Slice/Reshape nodes. The
+TorchScript graph carries Constant/Identity/Shape chains, which onnxslim folds
+and deduplicates. onnxslim re-runs shape inference on the whole model many
+times (serializing every weight each time: ~40 s for vit-base), so it is given
+a light copy in which every large initializer is a graph input of the same
+shape, and its graph then replaces the model's around the weights, which never
+move. Weights are never folded that way, which is right: the exporter already
+folded them (transposed Linear weights), and anything a weight feeds depends on
+the image. onnx.checker likewise sees the graph with stubs for the weights
+(``check_graph``): the weights are never copied, which keeps vit-huge's 2.5 GB
+export within a few GB of memory.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from vitdeploy.checks.parity import PARITY_BATCHES, ParityReport, validate_parity
+from vitdeploy.core.errors import ParityError, VitdeployError
+from vitdeploy.core.fileio import source_sha256
+from vitdeploy.core.manifest import Manifest, set_onnx_manifest, tool_versions
+from vitdeploy.graph.edit import drop_unused_initializers, replace_nodes
+
+if TYPE_CHECKING:
+    import onnx
+    import torch
+
+
+INPUT_NAME = "pixel_values"
+OUTPUT_NAME = "logits"
+BATCH_DIM = "batch"
+DEFAULT_OPSET = 17
+MIN_OPSET = 17
+# Highest opset torch's TorchScript exporter writes; higher ones are reached with onnx's version converter.
+TORCHSCRIPT_MAX_OPSET = 20
+# Models whose weights exceed this go to external data (protobuf's hard limit is 2 GiB).
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+# Initializers with more elements than this are hidden from onnxslim (see the module docstring).
+_LIGHT_NUMEL = 256
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+# --- export ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    manifest: Manifest
+    parity: ParityReport | None  # iterates as the list of per-batch results
+    node_counts: dict[str, int]
+    opset: int
+    seconds: float
+    external_data: Path | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "opset": self.opset,
+            "external_data": str(self.external_data) if self.external_data else None,
+            "node_counts": self.node_counts,
+            "seconds": round(self.seconds, 2),
+            "timings": {k: round(v, 2) for k, v in self.timings.items()},
+            "parity": self.parity.to_dict() if self.parity is not None else None,
+        }
+
+
+def max_supported_opset() -> int:
+    """The highest ai.onnx opset the installed onnx knows."""
+    import onnx.defs
+
+    return int(onnx.defs.onnx_opset_version())
+
+
+def check_opset(opset: int) -> int:
+    hi = max_supported_opset()
+    if opset < MIN_OPSET:
+        raise VitdeployError(
+            f"--opset {opset} is below {MIN_OPSET}: 17 is the first opset with LayerNormalization "
+            f"(which TensorRT keeps in FP32); choose {MIN_OPSET}..{hi}"
+        )
+    if opset > hi:
+        raise VitdeployError(f"--opset {opset} is above {hi}, the highest the installed onnx supports; choose {MIN_OPSET}..{hi}")
+    return opset
+
+
+def node_counts(model: onnx.ModelProto) -> dict[str, int]:
+    c = collections.Counter(n.op_type for n in model.graph.node)
+    return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _initializer_bytes(model: onnx.ModelProto) -> int:
+    import onnx
+
+    total = 0
+    for t in model.graph.initializer:
+        n = int(np.prod(t.dims)) if len(t.dims) else 1
+        total += n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    return total
+
+
+def _numel(t: onnx.TensorProto) -> int:
+    return int(np.prod(t.dims)) if len(t.dims) else 1
+
+
+def _slim(model: onnx.ModelProto) -> None:
+    """onnxslim's folding, dead-code and duplicate elimination, in place, without handing it the weights.
+
+    onnxslim gets a light copy in which every large initializer is a graph input of the same
+    shape; its graph then replaces the model's, whose large initializers never move (no copy
+    of the weights, which matters at vit-huge's 2.5 GB).
+    """
+    import onnx
+    import onnxslim
+
+    g = model.graph
+    big = {t.name for t in g.initializer if _numel(t) > _LIGHT_NUMEL}
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.graph.name = g.name
+    light.graph.node.extend(g.node)
+    light.graph.input.extend(g.input)
+    light.graph.output.extend(g.output)
+    light.graph.initializer.extend(t for t in g.initializer if t.name not in big)
+    light.graph.input.extend(
+        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in g.initializer if t.name in big
+    )
+    graph_inputs = [i.name for i in g.input]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        slim = onnxslim.slim(light)
+    if slim is None:
+        raise VitdeployError("onnxslim could not simplify the exported graph: report this with the checkpoint's preset")
+    kept_inputs = [i for i in slim.graph.input if i.name not in big]
+    if [i.name for i in kept_inputs] != graph_inputs:
+        raise VitdeployError(f"graph inputs changed while cleaning ({[i.name for i in kept_inputs]}): re-run with --debug")
+    sg = slim.graph
+    used = {i for n in sg.node for i in n.input} | {o.name for o in sg.output}
+    for field_name in ("input", "output", "value_info"):
+        g.ClearField(field_name)
+    replace_nodes(g, sg.node)
+    g.input.extend(kept_inputs)
+    g.output.extend(sg.output)
+    g.value_info.extend(sg.value_info)
+    # keep the large initializers still used, where they are; the small ones come from onnxslim
+    for i in reversed(range(len(g.initializer))):
+        t = g.initializer[i]
+        if t.name not in big or t.name not in used:
+            del g.initializer[i]
+    g.initializer.extend(sg.initializer)
+    model.ClearField("opset_import")
+    model.opset_import.extend(slim.opset_import)
+
+
+def _fix_io(model: onnx.ModelProto, num_classes: int, h: int, w: int) -> None:
+    """Input [batch, 3, H, W] and output [batch, classes] float32, batch the only symbolic dim."""
+    import onnx
+
+    inp, out = model.graph.input[0], model.graph.output[0]
+    want: list[tuple[Any, list[str | int]]] = [(inp, [BATCH_DIM, 3, h, w]), (out, [BATCH_DIM, num_classes])]
+    for vi, dims in want:
+        if vi.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+            raise VitdeployError(f"exported {vi.name} is not float32: re-run with --debug")
+        shape = vi.type.tensor_type.shape
+        shape.ClearField("dim")
+        for d in dims:
+            dim = shape.dim.add()
+            if isinstance(d, str):
+                dim.dim_param = d
+            else:
+                dim.dim_value = int(d)
+
+
+def _merge_attention_scale(model: onnx.ModelProto) -> int:
+    """Q·√s and Kᵀ·√s (how torch exports scaled_dot_product_attention) → Q·s, so one Mul scales Q.
+
+    That is the pattern TensorRT fuses (scale on Q, then MatMul → Softmax → MatMul), and it
+    saves one Mul per block. Returns the number of attention blocks rewritten.
+    """
+    from onnx import numpy_helper
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    consumers: dict[str, int] = collections.Counter(i for n in g.node for i in n.input)
+    softmax_in = {n.input[0] for n in g.node if n.op_type == "Softmax"}
+    drop: set[int] = set()
+    rewritten = 0
+    new_inits: dict[bytes, onnx.TensorProto] = {}
+    for n in g.node:
+        if n.op_type != "MatMul" or n.output[0] not in softmax_in:
+            continue
+        mq, mk = producer.get(n.input[0]), producer.get(n.input[1])
+        if not (mq and mk and mq.op_type == "Mul" and mk.op_type == "Mul"):
+            continue
+        sq, sk = mq.input[1], mk.input[1]
+        if sq != sk or sq not in inits or consumers[mk.output[0]] != 1 or consumers[mq.output[0]] != 1:
+            continue
+        s = numpy_helper.to_array(inits[sq])
+        if s.size != 1:
+            continue
+        s2 = (s.astype(np.float64) ** 2).astype(s.dtype)
+        if s2.tobytes() not in new_inits:
+            new_inits[s2.tobytes()] = numpy_helper.from_array(s2, f"attention_scale_{len(new_inits)}")
+        mq.input[1] = new_inits[s2.tobytes()].name
+        n.input[1] = mk.input[0]
+        drop.add(id(mk))
+        rewritten += 1
+    if rewritten:
+        replace_nodes(g, [n for n in g.node if id(n) not in drop])
+        g.initializer.extend(new_inits.values())
+        drop_unused_initializers(g)
+    return rewritten
+
+
+def check_graph(model: onnx.ModelProto, workdir: Path) -> None:
+    """onnx.checker (full check: strict shape inference too) on a copy that leaves the weights behind.
+
+    The checker serializes and copies the model several times (9 GB peak for vit-large's 1.2 GB);
+    given stubs of the large initializers (name, type, dims, marked external) it checks the
+    same graph in megabytes (the stubs point into a sparse file in ``workdir``). What it then
+    cannot see, each weight's byte count against its shape, is checked here directly.
+    """
+    import onnx
+
+    g = model.graph
+    skeleton = onnx.ModelProto()
+    for f in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        setattr(skeleton, f, getattr(model, f))
+    skeleton.opset_import.extend(model.opset_import)
+    skeleton.metadata_props.extend(model.metadata_props)
+    sg = skeleton.graph
+    sg.name = g.name
+    sg.node.extend(g.node)
+    sg.input.extend(g.input)
+    sg.output.extend(g.output)
+    sg.value_info.extend(g.value_info)
+    offset = 0
+    for t in g.initializer:
+        if _numel(t) <= _LIGHT_NUMEL or t.data_location == onnx.TensorProto.EXTERNAL:
+            sg.initializer.append(t)
+            continue
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        have = len(t.raw_data) if t.HasField("raw_data") else len(t.float_data) * 4
+        if have != _numel(t) * itemsize:
+            raise VitdeployError(f"exported weight {t.name} holds {have} bytes for shape {list(t.dims)}: re-run with --debug")
+        stub = sg.initializer.add()
+        stub.name, stub.data_type = t.name, t.data_type
+        stub.dims.extend(t.dims)
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (("location", "weights.bin"), ("offset", str(offset)), ("length", str(have))):
+            entry = stub.external_data.add()
+            entry.key, entry.value = k, v
+        offset += have
+    path = workdir / "skeleton.onnx"
+    weights = workdir / "weights.bin"
+    onnx.save_model(skeleton, str(path))
+    with open(weights, "wb") as fh:
+        fh.truncate(offset)  # sparse: no bytes written
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as e:  # onnx raises ValidationError / InferenceError
+        raise VitdeployError(f"the exported graph fails onnx.checker: {str(e).splitlines()[0][:200]}") from None
+    finally:
+        path.unlink()
+        weights.unlink()
+
+
+def _torch_export(model: torch.nn.Module, tmpdir: Path, h: int, w: int, opset: int) -> onnx.ModelProto:
+    """TorchScript export; in memory unless the weights need external data (over 2 GB)."""
+    import io
+
+    import onnx
+    import torch
+
+    x = torch.randn(2, 3, h, w)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    big = weight_bytes > EXTERNAL_DATA_THRESHOLD
+    target: Any = tmpdir / "raw.onnx" if big else io.BytesIO()
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            (x,),
+            str(target) if big else target,
+            input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME],
+            opset_version=min(opset, TORCHSCRIPT_MAX_OPSET),
+            dynamic_axes={INPUT_NAME: {0: BATCH_DIM}, OUTPUT_NAME: {0: BATCH_DIM}},
+            do_constant_folding=True,
+            dynamo=False,
+        )
+    if not big:
+        m = onnx.ModelProto()
+        m.ParseFromString(target.getbuffer())  # no copy of the serialized bytes
+        return m
+    m = onnx.load(str(target))  # with the external data the exporter wrote beside it
+    for f in tmpdir.iterdir():
+        f.unlink()
+    return m
+
+
+def _load_model(checkpoint: str | Path, arch: str | None, labels: str | Path | None) -> tuple[Any, Manifest]:
+    """The eval-mode model and its manifest; a head-less model or one whose input disagrees with its preprocessing is refused."""
+    from vitdeploy.model.importers import load_any
+
+    ck = load_any(checkpoint, arch=arch, labels=labels)
+    if int(ck.manifest.model.get("num_classes", 0)) <= 0:
+        raise VitdeployError(
+            f"{checkpoint}: a model without a classification head (num_classes 0) has no logits to export; "
+            "fine-tune it first: vitdeploy train DATA_DIR --init " + str(checkpoint)
+        )
+    model = ck.build()
+    manifest = ck.manifest
+    del ck  # the state dict is in the model now; vit-huge's 2.5 GB need not be held twice
+    h, w = manifest.input_size
+    if tuple(model.cfg.image_size) != (h, w):
+        raise VitdeployError(f"{checkpoint}: model input {model.cfg.image_size} differs from the preprocessing's {h}x{w}")
+    return model, manifest
+
+
+def _clean(m: onnx.ModelProto, manifest: Manifest, opset: int) -> onnx.ModelProto:
+    """onnxslim, one Mul per attention, the requested opset, fixed I/O shapes, and vitdeploy's producer fields."""
+    from vitdeploy import __version__
+
+    h, w = manifest.input_size
+    _slim(m)
+    _merge_attention_scale(m)
+    if opset > TORCHSCRIPT_MAX_OPSET:
+        from onnx import version_converter
+
+        m = version_converter.convert_version(m, opset)
+    _fix_io(m, manifest.num_classes, h, w)
+    m.producer_name = "vitdeploy"
+    m.producer_version = __version__
+    m.doc_string = f"{manifest.name}: float32 pixel_values [batch, 3, {h}, {w}] → logits [batch, {manifest.num_classes}]"
+    return m
+
+
+def _derived_manifest(manifest: Manifest, checkpoint: str | Path, opset: int) -> Manifest:
+    return manifest.derive(
+        precision="fp32",
+        source={
+            "kind": "checkpoint",
+            "path": Path(checkpoint).name,
+            "sha256": source_sha256(checkpoint),
+            "dataset": manifest.source.get("dataset"),
+            "parent": manifest.source,
+        },
+        versions=tool_versions("torch", "onnx", "onnxslim", "numpy"),
+        export={"opset": opset, "input": INPUT_NAME, "output": OUTPUT_NAME, "dynamic_axes": {"batch": 0}},
+    )
+
+
+def _validate(model: Any, tmp_model: Path, images: str | Path | None, opset: int, out: Path) -> ParityReport:
+    """validate_parity on the written model, its failures said in the export's terms (nothing written)."""
+    try:
+        return validate_parity(model, tmp_model, images=images)
+    except ParityError as e:
+        raise ParityError(f"{e}; {out} not written (--no-check writes it anyway)") from None
+    except VitdeployError as e:
+        if "ONNX Runtime cannot load" not in str(e):
+            raise
+        import onnxruntime
+
+        raise VitdeployError(
+            f"ONNX Runtime {onnxruntime.__version__} cannot load the opset {opset} model for the parity check: "
+            f"choose a lower --opset, or --no-check to write it unchecked"
+        ) from None
+
+
+def _save_model(m: onnx.ModelProto, path: Path, data_name: str) -> bool:
+    """Write the model; over EXTERNAL_DATA_THRESHOLD its weights go to ``data_name`` beside it. True when they did."""
+    import onnx
+
+    external = _initializer_bytes(m) > EXTERNAL_DATA_THRESHOLD
+    if external:
+        onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=1024)
+    else:
+        onnx.save_model(m, str(path))
+    return external
+
+
+def _move_into_place(tmp_model: Path, out: Path, data_name: str, external: bool) -> None:
+    """The data file first, so the .onnx never points at a missing file; a stale data file of the name goes."""
+    old_data = out.with_name(data_name)
+    if external:
+        os.replace(tmp_model.with_name(data_name), old_data)
+    os.replace(tmp_model, out)
+    if not external and old_data.exists():
+        old_data.unlink()  # a stale file from an earlier (external-data) export of this name
+
+
+def export_onnx(
+    checkpoint: str | Path = "ckpt.pth",
+    out: str | Path = "model.onnx",
+    opset: int = DEFAULT_OPSET,
+    check: bool = True,
+    images: str | Path | None = None,
+    arch: str | None = None,
+    labels: str | Path | None = None,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Export a checkpoint to ONNX (dynamic batch, manifest inside) and, with ``check``, prove parity.
+
+    Everything is written into a temporary folder beside ``out`` and moved into place
+    only after the checker and the parity check pass; a failure leaves an earlier
+    ``out`` untouched. Node counts by op type are in the result.
+    """
+
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    check_opset(opset)
+    out = Path(out)
+    if out.suffix != ".onnx":
+        raise VitdeployError(f"{out}: the output must end in .onnx")
+
+    def step(name: str, **info: Any) -> None:
+        if progress:
+            progress(name, info)
+
+    step("load", path=str(checkpoint))
+    t = time.perf_counter()
+    model, manifest = _load_model(checkpoint, arch, labels)
+    h, w = manifest.input_size
+    timings["load"] = time.perf_counter() - t
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        step("export", opset=opset)
+        t = time.perf_counter()
+        m = _torch_export(model, tmpdir, h, w, opset)
+        timings["export"] = time.perf_counter() - t
+
+        step("clean")
+        t = time.perf_counter()
+        m = _clean(m, manifest, opset)
+        timings["clean"] = time.perf_counter() - t
+
+        derived = _derived_manifest(manifest, checkpoint, opset)
+        set_onnx_manifest(m, derived)
+        counts = node_counts(m)
+
+        step("checker")
+        t = time.perf_counter()
+        check_graph(m, tmpdir)
+        timings["checker"] = time.perf_counter() - t
+
+        step("save")
+        t = time.perf_counter()
+        tmp_model = tmpdir / out.name
+        data_name = out.name + ".data"
+        external = _save_model(m, tmp_model, data_name)
+        del m
+        timings["save"] = time.perf_counter() - t
+
+        parity: ParityReport | None = None
+        if check:
+            step("parity", batch_sizes=list(PARITY_BATCHES))
+            t = time.perf_counter()
+            parity = _validate(model, tmp_model, images, opset, out)
+            timings["parity"] = time.perf_counter() - t
+
+        _move_into_place(tmp_model, out, data_name, external)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return ExportResult(
+        path=out,
+        manifest=derived,
+        parity=parity,
+        node_counts=counts,
+        opset=opset,
+        seconds=time.perf_counter() - t0,
+        external_data=out.with_name(data_name) if external else None,
+        timings=timings,
+    )

@@ -1,0 +1,425 @@
+"""INT8 (explicit Q/DQ) and FP16 ONNX artifacts from an FP32 export, with the accuracy guard.
+
+``calibrate`` and ``convert_fp16`` take an ONNX model and return the artifact
+they wrote. The precision is decided here, in the graph, so the same file runs
+in ONNX Runtime on any CPU (where its accuracy is measured) and builds as a
+strongly typed TensorRT network on 8.5 … 11 (see quantize.py for the placement).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.fileio import atomic_path, sha256_file, write_text_atomic
+from vitdeploy.core.manifest import Manifest, manifest_from_onnx, set_onnx_manifest, tool_versions
+from vitdeploy.core.targets import CPU_TARGETS
+
+# Defaults chosen by measurement on the digits model (see README "calibrate"):
+DEFAULT_METHOD = "entropy"
+DEFAULT_QUANTIZE_ATTENTION = False
+FEW_IMAGES = 100
+FLOAT_TYPES = ("fp32", "fp16")
+CACHE_FORMAT = "vitdeploy-calibration/1"
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class CalibrationResult:
+    path: Path
+    manifest: Manifest
+    excluded: list[str]
+    figures: dict[str, Any]  # FP32 vs INT8 on --eval (empty without it)
+    quantized: list[str]  # layers (node names) carrying Q/DQ
+    cache: Path
+    cache_reused: bool
+    images: int
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def default_out(model_onnx: str | Path, precision: str) -> Path:
+    """model.onnx → model.int8.onnx / model.fp16.onnx (beside the input)."""
+    p = Path(model_onnx)
+    stem = p.name[: -len(".onnx")] if p.name.endswith(".onnx") else p.stem
+    for tag in (".fp32", ".fp16", ".int8"):
+        if stem.endswith(tag):
+            stem = stem[: -len(tag)]
+    return p.with_name(f"{stem}.{precision}.onnx")
+
+
+def cache_path(out: str | Path) -> Path:
+    """The calibration cache beside the INT8 model: model.int8.onnx → model.int8.calib.json."""
+    o = Path(out)
+    return o.with_name(o.name[: -len(".onnx")] + ".calib.json" if o.name.endswith(".onnx") else o.name + ".calib.json")
+
+
+def _load(model_onnx: str | Path) -> tuple[Any, Manifest]:
+    import onnx
+
+    p = Path(model_onnx)
+    if not p.is_file():
+        raise VitdeployError(f"{p}: no such ONNX model; export one with `vitdeploy export`")
+    try:
+        model = onnx.load(str(p))
+    except Exception as e:
+        raise VitdeployError(f"{p}: not a readable ONNX model ({type(e).__name__}); re-export it") from None
+    manifest = manifest_from_onnx(model, p)
+    if (manifest.extra.get("input") or {}).get("preprocess_in_graph"):  # written by `export --embed-preprocess`
+        raise VitdeployError(
+            f"{p} has the preprocessing folded into its graph: convert or calibrate the normal export (model.onnx), "
+            "then fold the preprocessing into the result"
+        )
+    return model, manifest
+
+
+def _save(model: Any, manifest: Manifest, out: Path) -> None:
+    import onnx
+
+    set_onnx_manifest(model, manifest)
+    with atomic_path(out) as tmp:
+        onnx.save(model, str(tmp))
+
+
+def _source(path: Path, sha256: str | None = None) -> dict[str, Any]:
+    return {"artifact": path.name, "sha256": sha256 or sha256_file(path)}
+
+
+# --- FP16 -------------------------------------------------------------------------------------
+
+
+def convert_fp16(model_onnx: str | Path = "model.onnx", out: str | Path | None = None) -> Path:
+    """Float16 weights and activations, float32 input/output, LayerNorm/Softmax/reductions kept in float32."""
+    from vitdeploy.graph.fp16 import FP32_OPS, fp32_islands, to_fp16
+    from vitdeploy.graph.quantize import is_fp16, is_quantized
+
+    src = Path(model_onnx)
+    model, manifest = _load(src)
+    if manifest.precision == "fp16" or is_fp16(model):
+        raise VitdeployError(f"{src} is already FP16: convert the FP32 model (e.g. model.onnx)")
+    if manifest.precision == "int8" or is_quantized(model):
+        raise VitdeployError(f"{src} is an INT8 (Q/DQ) model: convert the FP32 model, or calibrate with --float fp16")
+    dest = Path(out) if out is not None else default_out(src, "fp16")
+    m16 = to_fp16(model)
+    derived = manifest.derive(
+        precision="fp16",
+        source=_source(src),
+        float_type="fp16",
+        fp16={"fp32_ops": sorted(set(FP32_OPS) & {n.op_type for n in m16.graph.node}), "fp32_nodes": len(fp32_islands(m16))},
+        versions=tool_versions("onnx", "onnxruntime"),
+    )
+    _save(m16, derived, dest)
+    return dest
+
+
+# --- INT8 -------------------------------------------------------------------------------------
+
+
+def _sample_images(images: str | Path, num_images: int, seed: int) -> list[Path]:
+    from vitdeploy.core.preprocess import list_images
+
+    root = Path(images)
+    if not root.exists():
+        raise VitdeployError(
+            f"{root}: no such folder of calibration images: put a few hundred images like the deployment's in it "
+            "(or pass --images DIR)"
+        )
+    files = list_images(root)
+    if not files:
+        raise VitdeployError(f"{root} holds no image files: add a few hundred images like the deployment's")
+    if num_images < 1:
+        raise VitdeployError("--num-images must be at least 1")
+    if len(files) > num_images:
+        rng = np.random.default_rng(seed)
+        pick = np.sort(rng.choice(len(files), num_images, replace=False))
+        files = [files[i] for i in pick]
+    return files
+
+
+def _images_key(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _cache_key(model_sha: str, files: list[Path], tensors: list[str]) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"format": CACHE_FORMAT, "model": model_sha, "images": _images_key(files), "tensors": tensors}).encode())
+    return h.hexdigest()[:32]
+
+
+def _read_cache(path: Path, key: str) -> tuple[dict[str, dict[str, float]], int] | None:
+    """The ranges and image count of a cache written for exactly this key (else None: calibrate again)."""
+    try:
+        d = json.loads(path.read_text())
+        if d.get("format") != CACHE_FORMAT or d.get("key") != key:
+            return None
+        ranges = {k: {m: float(v) for m, v in r.items()} for k, r in d["ranges"].items()}
+        return ranges, int(d["calibrated_images"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _collect_ranges(
+    model: Any,
+    tensors: list[str],
+    files: list[Path],
+    manifest: Manifest,
+    batch_size: int,
+    progress: Progress | None,
+) -> tuple[dict[str, dict[str, float]], int, list[tuple[str, str]]]:
+    from vitdeploy.checks.guard import session
+    from vitdeploy.core.images import iter_batches
+    from vitdeploy.graph.quantize import RangeCollector, with_outputs
+
+    sess = session(with_outputs(model, tensors))
+    name = sess.get_inputs()[0].name
+    rc = RangeCollector(tensors)
+    skipped: list[tuple[str, str]] = []
+    done = 0
+    for b in iter_batches(files, manifest.pp(), batch_size):
+        skipped += [(str(p), why) for p, why in b.skipped]
+        if len(b.paths):
+            outs = sess.run(tensors, {name: b.array})
+            rc.add(dict(zip(tensors, outs, strict=True)), len(b.paths))
+        done += len(b.paths) + len(b.skipped)
+        if progress:
+            progress("calibrate", {"done": done, "total": len(files)})
+    if rc.images == 0:
+        raise VitdeployError(f"none of the {len(files)} calibration images could be read (e.g. {skipped[0][0]}: {skipped[0][1]})")
+    if rc.images < batch_size:
+        raise VitdeployError(
+            f"only {rc.images} readable calibration image(s), fewer than one batch ({batch_size}): "
+            "add images or pass a smaller --batch-size"
+        )
+    return rc.thresholds(), rc.images, skipped
+
+
+def _check_options(
+    method: str, float_type: str, batch_size: int, max_drop: float | None, min_agreement: float | None,
+    eval_dir: str | Path | None,
+) -> None:
+    """Option values calibrate refuses before reading anything (exit 1, as before)."""
+    from vitdeploy.graph.quantize import METHODS
+
+    if method not in METHODS:
+        raise VitdeployError(f"unknown calibration method {method!r}: choose one of {', '.join(METHODS)}")
+    if float_type not in FLOAT_TYPES:
+        raise VitdeployError(f"--float must be fp32 or fp16, not {float_type!r}")
+    if batch_size < 1:
+        raise VitdeployError("--batch-size must be at least 1")
+    if (max_drop is not None or min_agreement is not None) and eval_dir is None:
+        raise VitdeployError("--max-drop/--min-agreement need --eval DIR (labeled images to measure the drop on)")
+    if min_agreement is not None and not 0.0 <= min_agreement <= 1.0:
+        raise VitdeployError(f"--min-agreement is a fraction from 0 to 1, not {min_agreement}")
+
+
+def _fp32_source(src: Path) -> tuple[Any, Manifest]:
+    """The FP32 model to calibrate and its manifest; a quantized, FP16 or pre-13 opset model is refused."""
+    from vitdeploy.graph.edit import opset
+    from vitdeploy.graph.quantize import is_fp16, is_quantized
+
+    model, manifest = _load(src)
+    if manifest.precision == "int8" or is_quantized(model):
+        raise VitdeployError(f"{src} is already quantized (INT8 Q/DQ): calibrate the FP32 model (e.g. model.onnx)")
+    if manifest.precision == "fp16" or is_fp16(model):
+        raise VitdeployError(f"{src} is an FP16 model: calibrate the FP32 model; pass --float fp16 for FP16 around the INT8 layers")
+    if opset(model) < 13:
+        raise VitdeployError(f"{src} has opset {opset(model)}: per-channel Q/DQ needs opset 13 or newer; re-export it")
+    return model, manifest
+
+
+def _budget_missed(after: dict[str, Any], max_drop: float | None, min_agreement: float | None, excluded: int) -> VitdeployError:
+    want = " and ".join(
+        ([f"--max-drop {max_drop}"] if max_drop is not None else [])
+        + ([f"--min-agreement {min_agreement}"] if min_agreement is not None else [])
+    )
+    return VitdeployError(
+        f"INT8 top-1 drop {after.get('drop_points')} points, agreement {after.get('agreement')}: exceeds {want} even with "
+        f"all {excluded} quantized layers kept in float; nothing written: loosen the budget or use FP16"
+    )
+
+
+def _write_cache(cpath: Path, key: str, model_sha: str, files: list[Path], n_read: int, ranges: dict[str, Any]) -> None:
+    cache = {
+        "format": CACHE_FORMAT,
+        "key": key,
+        "model_sha256": model_sha,
+        "images": [str(f) for f in files],
+        "calibrated_images": n_read,
+        "ranges": ranges,
+    }
+    write_text_atomic(cpath, json.dumps(cache, indent=1))
+
+
+def _fresh_ranges(
+    model: Any, tensors: list[str], files: list[Path], manifest: Manifest, batch_size: int, images: str | Path,
+    progress: Progress | None,
+) -> tuple[dict[str, dict[str, float]], int, list[tuple[str, str]]]:
+    """Ranges from a calibration pass (no valid cache): at least one batch of images is needed."""
+    if len(files) < batch_size:
+        raise VitdeployError(
+            f"{images} has {len(files)} image(s), fewer than one batch ({batch_size}): "
+            "add images or pass a smaller --batch-size"
+        )
+    return _collect_ranges(model, tensors, files, manifest, batch_size, progress)
+
+
+def _quantization_record(
+    method: str, quantize_attention: bool, float_type: str, opset: int, n_read: int, cpath: Path, key: str, seed: int,
+    layers_quantized: int, excluded: list[str],
+) -> dict[str, Any]:
+    """The manifest's ``quantization`` entry: how the INT8 model was made."""
+    return {
+        "method": method,
+        "quantize_attention": quantize_attention,
+        "float_type": float_type,
+        "scheme": "int8 symmetric Q/DQ; weights per output channel, activations per tensor",
+        "opset": opset,
+        "calibration_images": n_read,
+        "calibration_cache": cpath.name,
+        "calibration_key": key,
+        "seed": seed,
+        "layers_quantized": layers_quantized,
+        "excluded": excluded,
+    }
+
+
+def _quantize(
+    model: Any, manifest: Manifest, layers: list[Any], amax: dict[str, float], eval_dir: str | Path | None,
+    max_drop: float | None, min_agreement: float | None, progress: Progress | None, backend: str = "onnxruntime",
+) -> tuple[Any, list[str], dict[str, Any], dict[str, Any] | None]:
+    """The Q/DQ model, the layers kept in float, the guard's figures and record (None without --eval).
+
+    With ``eval_dir`` the guard measures it and keeps layers in float until the budget fits;
+    a budget it cannot meet raises (nothing is written).
+    """
+    from vitdeploy.graph.quantize import SwitchableQDQ, insert_qdq
+
+    if eval_dir is None:
+        return insert_qdq(model, layers, amax), [], {}, None
+    from vitdeploy.checks.guard import guard, load_eval_set, logits
+
+    if progress:
+        progress("evaluate", {})
+    ev = load_eval_set(eval_dir, manifest)
+    ref = logits(model, ev.x)
+    qmodel, g = guard(SwitchableQDQ(model, layers, amax), ev, ref, max_drop, progress, min_agreement, backend=backend)
+    info = g.to_dict()
+    info["eval"] = str(Path(eval_dir))
+    info["backend"] = backend
+    if not g.met:
+        raise _budget_missed(info["after"], max_drop, min_agreement, len(g.excluded))
+    return qmodel, g.excluded, g.after.to_dict(), info
+
+
+def calibrate(
+    model_onnx: str | Path = "model.onnx",
+    images: str | Path = "calibration",
+    out: str | Path | None = None,
+    num_images: int = 512,
+    batch_size: int = 32,
+    method: str = DEFAULT_METHOD,
+    quantize_attention: bool = DEFAULT_QUANTIZE_ATTENTION,
+    float_type: str = "fp32",
+    seed: int = 0,
+    max_drop: float | None = None,
+    eval_dir: str | Path | None = None,
+    progress: Progress | None = None,
+    min_agreement: float | None = None,
+    target: str | None = None,
+    backend: str = "onnxruntime",
+) -> CalibrationResult:
+    """Quantize an FP32 ONNX model to explicit int8 Q/DQ from calibration images; optionally guard its accuracy.
+
+    ``float_type``: the type of everything left unquantized (fp32 for ONNX Runtime
+    on a CPU, fp16 for a TensorRT build). With ``eval_dir`` the INT8 model's top-1
+    is measured against the FP32 model's; with ``max_drop`` too, the layers that
+    cost most are kept in float until the drop fits (and, with ``min_agreement``, the
+    top-1 agreement with FP32 reaches that fraction). Raises VitdeployError (exit 1)
+    when it cannot, after writing nothing. ``target`` "ort" (a CPU: ONNX Runtime or OpenVINO) also quantizes
+    the attention scores (Q·Kᵀ), as NNCF's transformer scheme does (quantize.cpu_layers); None keeps the
+    TensorRT placement. ``backend``: the CPU runtime the guard evaluates the INT8 model on (onnxruntime or
+    openvino: where it will run).
+    """
+    from vitdeploy.graph.edit import opset
+    from vitdeploy.graph.fp16 import to_fp16
+    from vitdeploy.graph.quantize import ensure_node_names, find_layers, tensors_to_calibrate
+
+    _check_options(method, float_type, batch_size, max_drop, min_agreement, eval_dir)
+    if backend not in ("onnxruntime", "openvino"):
+        raise VitdeployError(f"the guard evaluates on onnxruntime or openvino, not {backend!r}")
+    if backend == "openvino":
+        from vitdeploy.runners.openvino.loader import import_openvino
+
+        import_openvino()  # one line saying how to install it
+    src = Path(model_onnx)
+    model, manifest = _fp32_source(src)
+    dest = Path(out) if out is not None else default_out(src, "int8")
+    ensure_node_names(model)
+    all_layers = find_layers(model)
+    layers = [la for la in all_layers if quantize_attention or la.kind != "attention"]
+    if target in CPU_TARGETS:
+        from vitdeploy.graph.quantize import cpu_layers
+
+        layers = cpu_layers(model, all_layers, quantize_attention)
+    if not layers:
+        raise VitdeployError(f"{src}: no MatMul/Conv layers to quantize were found; is it a ViT exported by vitdeploy?")
+
+    files = _sample_images(images, num_images, seed)
+    warnings: list[str] = []
+    tensors = tensors_to_calibrate(all_layers)
+    model_sha = sha256_file(src)
+    key = _cache_key(model_sha, files, tensors)
+    cpath = cache_path(dest)
+    cached = _read_cache(cpath, key)
+    reused = cached is not None
+    ranges, n_read, skipped = cached + ([],) if cached else _fresh_ranges(
+        model, tensors, files, manifest, batch_size, images, progress)
+    if n_read < FEW_IMAGES:
+        warnings.append(f"only {n_read} calibration images: 500 or more give stable ranges (fewer than {FEW_IMAGES} may not)")
+    amax = {t: r[method] for t, r in ranges.items()}
+
+    qmodel, excluded, figs, guard_info = _quantize(model, manifest, layers, amax, eval_dir, max_drop, min_agreement, progress,
+                                                   backend)
+    quantized = [la.node for la in layers if la.node not in set(excluded)]
+    if float_type == "fp16":
+        # the quantized layers stay float32 so each DequantizeLinear feeds its MatMul/Conv directly (TensorRT fuses
+        # that pair into an int8 kernel); Casts go before the QuantizeLinear and after the layer
+        qmodel = to_fp16(qmodel, keep_fp32_nodes=quantized)
+    quant = _quantization_record(method, quantize_attention, float_type, opset(qmodel), n_read, cpath, key, seed,
+                                 len(quantized), excluded)
+    if target in CPU_TARGETS:
+        quant["attention_scores"] = True
+    derived = manifest.derive(precision="int8", source=_source(src, model_sha), float_type=float_type,
+                              quantization=quant, versions=tool_versions("onnx", "onnxruntime"))
+    if target is not None:
+        derived.target = target
+    if guard_info is not None:
+        derived.extra["guard"] = guard_info
+    if not reused:
+        _write_cache(cpath, key, model_sha, files, n_read, ranges)
+    _save(qmodel, derived, dest)
+    return CalibrationResult(
+        path=dest,
+        manifest=derived,
+        excluded=excluded,
+        figures=figs,
+        quantized=quantized,
+        cache=cpath,
+        cache_reused=reused,
+        images=n_read,
+        skipped=skipped,
+        warnings=warnings,
+    )
+

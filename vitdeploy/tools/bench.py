@@ -1,0 +1,486 @@
+"""Latency and throughput of artifacts on backends, side by side, as ratios between rows.
+
+Every row (artifact × backend) is opened once, in its own process (bench_worker.py: ONNX Runtime's
+and OpenVINO's thread pools slow each other when they share one), and the rows are measured in
+interleaved rounds for each batch size, so a slow minute on a shared machine costs every row alike
+and the ratios between rows hold even when the absolute numbers move. Each row reports the peak
+resident memory of its process.
+
+Threads: torch gets ``torch.set_num_threads(cores)``; ONNX Runtime sessions get all graph
+optimizations, ``intra_op_num_threads = cores``, one inter-op thread, sequential execution
+(``runners.onnxruntime.session_options``); OpenVINO compiles for the CPU with one stream,
+``INFERENCE_NUM_THREADS = cores`` and the graph's own float precision (``runners.openvino.loader``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.host import available_cores
+from vitdeploy.runners import BACKENDS, BACKENDS_OF_KIND, artifact_kind
+
+DEFAULT_BATCH_SIZES = (1, 8, 32)
+DEFAULT_SECONDS = 5.0
+ROUNDS = 5
+
+
+@dataclass
+class BenchRow:
+    artifact: str
+    backend: str
+    precision: str
+    batch: int
+    iterations: int
+    throughput: float  # images per second
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    device: str = "cpu"
+    peak_rss_mb: float | None = None  # peak resident memory of the row's own process
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend} {self.precision}" + (" eager" if self.backend == "torch" else "")
+
+
+@dataclass
+class BenchReport:
+    results: list[BenchRow]
+    ratios: list[dict[str, Any]]
+    machine: dict[str, Any]
+    versions: dict[str, str]
+    settings: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "results": [asdict(r) for r in self.results],
+            "ratios": self.ratios,
+            "machine": self.machine,
+            "versions": self.versions,
+            "settings": self.settings,
+            "notes": self.notes,
+        }
+
+
+# --- the machine --------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> list[str]:
+    """The SIMD features that decide int8 and fp16 speed on a CPU."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    return [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_int8") if f in flags]
+
+
+def gpu_names() -> list[str]:
+    """GPUs that nvidia-smi lists (no torch or CUDA import)."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [ln.strip() for ln in out.stdout.splitlines() if ln.strip()] if out.returncode == 0 else []
+
+
+def machine_info(threads: int | None = None) -> dict[str, Any]:
+    return {
+        "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
+        "cores": available_cores(),
+        "threads": threads or available_cores(),
+        "gpu": gpu_names() or None,
+        "os": platform.platform(),
+    }
+
+
+def library_versions() -> dict[str, str]:
+    from vitdeploy.core.manifest import tool_versions
+
+    return tool_versions("numpy", "torch", "onnx", "onnxruntime", "onnxruntime-gpu", "openvino", "tensorrt", "pillow")
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+
+def rows_for(models: Sequence[str | Path], backends: Sequence[str] | None = None) -> list[tuple[Path, str]]:
+    """(artifact, backend) pairs to measure: each artifact on each requested backend that can run it."""
+    for b in backends or ():
+        if b not in BACKENDS or b == "auto":
+            raise VitdeployError(f"--backends: unknown backend {b!r}; choose from torch, onnxruntime, openvino, tensorrt")
+    from vitdeploy.runners.openvino.loader import openvino_installed
+
+    out = []
+    for m in models:
+        p = Path(m)
+        if not p.exists():
+            raise VitdeployError(f"{p}: no such file; pass a checkpoint, ONNX model or engine (or use --preset NAME)")
+        for b in BACKENDS_OF_KIND[artifact_kind(p)]:
+            # without --backends, OpenVINO rows appear where OpenVINO is installed
+            if (not backends and (b != "openvino" or openvino_installed())) or (backends and b in backends):
+                out.append((p, b))
+    if not out:
+        raise VitdeployError(f"no artifact runs on --backends {','.join(backends or [])}: a checkpoint runs on torch, "
+                             "an .onnx on onnxruntime or openvino, an engine on tensorrt")
+    return out
+
+
+def _percentiles(times: list[float]) -> tuple[float, float, float, float]:
+    a = np.asarray(times) * 1000.0
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return float(p50), float(p90), float(p99), float(a.mean())
+
+
+def measure(
+    runners: Sequence[Any],
+    batch: int,
+    warmup: int = 3,
+    iterations: int | None = None,
+    seconds: float | None = None,
+    rounds: int = ROUNDS,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[list[float]]:
+    """Per-call latencies (s) of each runner at one batch size, measured in interleaved rounds.
+
+    With ``iterations`` each runner makes that many timed calls; with ``seconds`` each spends about
+    that long (at least 3 calls). The calls are split into ``rounds`` blocks and the blocks of
+    all runners alternate, so drift in the machine's load is shared by every row.
+    """
+    if iterations is None and seconds is None:
+        seconds = DEFAULT_SECONDS
+    rng = np.random.default_rng(seed)
+    inputs = []
+    for r in runners:
+        h, w = r.manifest.input_size
+        inputs.append(rng.standard_normal((batch, 3, h, w), dtype=np.float32))
+    for r, x in zip(runners, inputs, strict=True):
+        for _ in range(warmup):
+            r(x)
+    times: list[list[float]] = [[] for _ in runners]
+    rounds = max(1, min(rounds, iterations or rounds))
+    for k in range(rounds):
+        for i, (r, x) in enumerate(zip(runners, inputs, strict=True)):
+            if progress:
+                progress(f"batch {batch}: round {k + 1}/{rounds}, {r.backend} {r.precision}")
+            if iterations is not None:
+                n_here = math.ceil(iterations * (k + 1) / rounds) - len(times[i])
+                for _ in range(n_here):
+                    t = time.perf_counter()
+                    r(x)
+                    times[i].append(time.perf_counter() - t)
+            else:
+                assert seconds is not None
+                budget = seconds / rounds
+                spent = 0.0
+                min_calls = 3 if k == rounds - 1 and len(times[i]) < 3 else 1
+                n = 0
+                while spent < budget or n < min_calls:
+                    t = time.perf_counter()
+                    r(x)
+                    dt = time.perf_counter() - t
+                    times[i].append(dt)
+                    spent += dt
+                    n += 1
+    return times
+
+
+class Worker:
+    """One row in its own process (``python -m vitdeploy.tools.bench_worker``): open once, time on command."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.hello = self._read()
+        self.peak_rss_mb = float(self.hello.get("peak_rss_mb") or 0.0)
+
+    @classmethod
+    def for_row(cls, path: Path, backend: str, threads: int, device: str) -> Worker:
+        return cls([sys.executable, "-m", "vitdeploy.tools.bench_worker", str(path), backend, str(threads), device])
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            return {"error": f"the worker ended (exit {self.proc.wait()})"}
+        return dict(json.loads(line))
+
+    @property
+    def error(self) -> str | None:
+        e = self.hello.get("error")
+        return str(e) if e else None
+
+    def time(self, **cmd: Any) -> list[float]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        ans = self._read()
+        if "error" in ans:
+            raise VitdeployError(f"benchmark worker failed: {ans['error']}")
+        self.peak_rss_mb = max(self.peak_rss_mb, float(ans.get("peak_rss_mb") or 0.0))
+        return [float(t) for t in ans["times"]]
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def measure_workers(
+    workers: Sequence[Worker],
+    batch: int,
+    warmup: int = 3,
+    iterations: int | None = None,
+    seconds: float | None = None,
+    rounds: int = ROUNDS,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[list[float]]:
+    """As ``measure``, with each row in its own process: the rows' rounds alternate, one process busy at a time."""
+    if iterations is None and seconds is None:
+        seconds = DEFAULT_SECONDS
+    rounds = max(1, min(rounds, iterations or rounds))
+    times: list[list[float]] = [[] for _ in workers]
+    for k in range(rounds):
+        for i, w in enumerate(workers):
+            if progress:
+                progress(f"batch {batch}: round {k + 1}/{rounds}, {w.hello.get('backend')} {w.hello.get('precision')}")
+            cmd: dict[str, Any] = {"batch": batch, "seed": seed, "warmup": warmup if k == 0 else 0}
+            if iterations is not None:
+                cmd["calls"] = math.ceil(iterations * (k + 1) / rounds) - len(times[i])
+            else:
+                assert seconds is not None
+                cmd["seconds"] = seconds / rounds
+                cmd["min_calls"] = 3 - len(times[i]) if k == rounds - 1 and len(times[i]) < 3 else 1
+            times[i] += w.time(**cmd)
+    return times
+
+
+def ratios_between(rows: list[BenchRow]) -> list[dict[str, Any]]:
+    """Throughput ratios at each batch size: every row against the first, and each precision against fp32 of its backend."""
+    out = []
+    for b in sorted({r.batch for r in rows}):
+        at = [r for r in rows if r.batch == b]
+        base = at[0]
+        for r in at[1:]:
+            out.append({"batch": b, "row": r.name, "vs": base.name, "ratio": r.throughput / base.throughput,
+                        "row_artifact": r.artifact, "vs_artifact": base.artifact})
+        for r in at:
+            if r.precision == "fp32":
+                continue
+            ref = next((q for q in at if q.backend == r.backend and q.precision == "fp32"), None)
+            if ref is not None and ref is not base:
+                out.append({"batch": b, "row": r.name, "vs": ref.name, "ratio": r.throughput / ref.throughput,
+                            "row_artifact": r.artifact, "vs_artifact": ref.artifact})
+    return out
+
+
+def benchmark(
+    models: Sequence[str | Path],
+    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+    backends: Sequence[str] | None = None,
+    warmup: int = 3,
+    iterations: int | None = None,
+    seconds: float | None = None,
+    threads: int | None = None,
+    device: str = "cpu",
+    progress: Callable[[str], None] | None = None,
+) -> BenchReport:
+    """Measure every (artifact, backend) row at every batch size, each row in its own process, rounds interleaved."""
+
+    if not models:
+        raise VitdeployError("nothing to measure: pass MODEL paths or --preset NAME")
+    if any(b < 1 for b in batch_sizes) or not batch_sizes:
+        raise VitdeployError("--batch-sizes: give positive integers, e.g. 1,8,32")
+    if iterations is not None and iterations < 1:
+        raise VitdeployError("--iterations must be at least 1")
+    if seconds is not None and seconds <= 0:
+        raise VitdeployError("--seconds must be positive")
+    if device not in ("cpu", "cuda"):
+        raise VitdeployError(f"--device {device!r}: choose cpu or cuda")
+    threads = threads or available_cores()
+    notes: list[str] = []
+    workers: list[Worker] = []
+    pairs = rows_for(models, backends)
+    try:
+        for path, backend in pairs:
+            if progress:
+                progress(f"opening {path.name} on {backend}")
+            w = Worker.for_row(path, backend, threads, device)
+            if w.error is None:
+                workers.append(w)
+                continue
+            w.close()
+            if len(pairs) == 1 and not w.hello.get("import_error"):
+                raise VitdeployError(w.error)
+            notes.append(f"{path} on {backend}: skipped ({w.error})")
+        if not workers:
+            raise VitdeployError("no row could be opened here: " + "; ".join(notes))
+        rows: list[BenchRow] = []
+        for b in batch_sizes:
+            times = measure_workers(workers, b, warmup, iterations, seconds, progress=progress)
+            for w, ts in zip(workers, times, strict=True):
+                p50, p90, p99, mean = _percentiles(ts)
+                back = str(w.hello["backend"])
+                rows.append(BenchRow(str(w.hello["artifact"]), back, str(w.hello["precision"]), b, len(ts), b * len(ts) / sum(ts),
+                                     p50, p90, p99, mean, "cuda" if back == "tensorrt" else device, round(w.peak_rss_mb, 1)))
+    finally:
+        for w in workers:
+            w.close()
+    settings = {
+        "warmup": warmup, "iterations": iterations, "seconds": None if iterations else (seconds or DEFAULT_SECONDS),
+        "rounds": ROUNDS, "batch_sizes": list(batch_sizes), "device": device,
+        "torch": f"eager, inference_mode, torch.set_num_threads({threads})",
+        "onnxruntime": f"ORT_ENABLE_ALL graph optimizations, intra_op_num_threads={threads}, inter_op_num_threads=1, sequential",
+        "openvino": f"CPU, PERFORMANCE_HINT=LATENCY, INFERENCE_NUM_THREADS={threads}, INFERENCE_PRECISION_HINT as the graph's floats",
+        "isolation": "each row in its own process, rounds interleaved",
+    }
+    return BenchReport(rows, ratios_between(rows), machine_info(threads), library_versions(), settings, notes)
+
+
+# --- a preset without a checkpoint ---------------------------------------------------------------
+
+
+def _random_checkpoint(preset: str, folder: Path, seed: int) -> Path:
+    import torch
+
+    from vitdeploy.core.manifest import Manifest, tool_versions
+    from vitdeploy.model.checkpoint import save_checkpoint
+    from vitdeploy.model.vit import build_model, get_preset
+
+    try:
+        pr = get_preset(preset)
+    except ValueError as e:
+        raise VitdeployError(str(e)) from None
+    torch.manual_seed(seed)
+    model = build_model(pr.config).eval()
+    manifest = Manifest(
+        model=pr.config.to_dict(),
+        labels=[f"class_{i}" for i in range(pr.config.num_classes)],
+        preprocess=dict(pr.preprocess),
+        name=pr.name,
+        source={"preset": pr.name, "weights": f"random (seed {seed})"},
+        versions=tool_versions("torch"),
+    )
+    return save_checkpoint(folder / "ckpt.pth", model, manifest)
+
+
+def _random_images(folder: Path, n: int, size: tuple[int, int], seed: int) -> Path:
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    h, w = size
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (h + 32, w + 32, 3), dtype=np.uint8)).save(folder / f"random_{i:03d}.png")
+    return folder
+
+
+def _pipeline() -> tuple[Any, Any, Any]:
+    """export_onnx, calibrate and convert_fp16: the project's own export and precision steps."""
+    from vitdeploy.stages.export import export_onnx
+    from vitdeploy.stages.precision import calibrate, convert_fp16
+
+    return export_onnx, calibrate, convert_fp16
+
+
+def preset_artifacts(
+    preset: str,
+    folder: str | Path,
+    calib_images: int = 16,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[Path], list[str]]:
+    """A random-weight checkpoint of the preset, its FP32 ONNX, FP16 ONNX and INT8 ONNX (random-calibrated).
+
+    Returns the artifacts that could be made, and notes on those that could not.
+    """
+    export_onnx, calibrate, convert_fp16 = _pipeline()
+    d = Path(folder)
+    d.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    say = progress or (lambda s: None)
+    say(f"building a random-weight {preset}")
+    ckpt = _random_checkpoint(preset, d, seed)
+    say("exporting ONNX")
+    onnx_path = Path(export_onnx(ckpt, out=d / "model.onnx", check=False).path)
+    out = [ckpt, onnx_path]
+    say("converting to FP16")
+    try:
+        out.append(Path(convert_fp16(onnx_path, out=d / "model.fp16.onnx")))
+    except VitdeployError as e:
+        notes.append(f"FP16 ONNX not made: {e}")
+    say("quantizing to INT8 (random calibration images)")
+    from vitdeploy.model.vit import get_preset
+
+    h, w = get_preset(preset).preprocess["input_size"]  # the checkpoint's, without reading it back
+    size = (int(h), int(w))
+    calib = _random_images(d / "calibration", calib_images, size, seed)
+    try:
+        res = calibrate(onnx_path, images=calib, out=d / "model.int8.onnx", num_images=calib_images,
+                        batch_size=min(8, calib_images), seed=seed)
+        out.append(Path(res.path))
+    except VitdeployError as e:
+        notes.append(f"INT8 ONNX not made: {e}")
+    return out, notes
+
+
+def benchmark_preset(
+    preset: str,
+    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+    backends: Sequence[str] | None = None,
+    warmup: int = 3,
+    iterations: int | None = None,
+    seconds: float | None = None,
+    threads: int | None = None,
+    device: str = "cpu",
+    keep: str | Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> BenchReport:
+    """Torch eager and ONNX Runtime FP32, FP16 and INT8 of a random-weight preset, without a checkpoint."""
+    with tempfile.TemporaryDirectory(prefix="vitdeploy-bench-") as tmp:
+        folder = Path(keep) if keep else Path(tmp)
+        models, notes = preset_artifacts(preset, folder, progress=progress)
+        rep = benchmark(models, batch_sizes, backends, warmup, iterations, seconds, threads, device, progress)
+    rep.notes = notes + rep.notes
+    rep.settings["preset"] = preset
+    return rep

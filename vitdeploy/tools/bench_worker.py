@@ -1,0 +1,96 @@
+"""One benchmark row in its own process: open a runner, then time calls on command, reporting peak memory.
+
+ONNX Runtime's and OpenVINO's thread pools slow each other when they share a process (measured: issue 17),
+so `vitdeploy benchmark` runs each row here and alternates the rows' rounds. The protocol is JSON lines:
+the parent writes {"batch", "warmup", "calls" | "seconds", "seed"}; the worker answers {"times": [...s],
+"peak_rss_mb"} (or {"error"}). Its first line says it is ready (or why it could not open the artifact).
+Run as ``python -m vitdeploy.tools.bench_worker ARTIFACT BACKEND THREADS DEVICE``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import numpy as np
+
+
+def peak_rss_mb() -> float:
+    """The peak resident memory of this process (MiB): the row's model, runtime and buffers.
+
+    Linux: VmHWM, which starts afresh at exec (getrusage's ru_maxrss keeps the parent's peak across fork+exec).
+    """
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    import resource
+
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / (1024.0 * 1024.0) if sys.platform == "darwin" else kb / 1024.0
+
+
+def serve(call: Callable[[np.ndarray], Any], input_size: tuple[int, int], out: TextIO, inp: TextIO) -> None:
+    """Answer timing commands on ``inp`` until it closes."""
+    for line in inp:
+        if not line.strip():
+            continue
+        cmd = json.loads(line)
+        b = int(cmd["batch"])
+        h, w = input_size
+        x = np.random.default_rng(int(cmd.get("seed", 0))).standard_normal((b, 3, h, w), dtype=np.float32)
+        for _ in range(int(cmd.get("warmup", 0))):
+            call(x)
+        times: list[float] = []
+        calls, seconds = cmd.get("calls"), cmd.get("seconds")
+        spent = 0.0
+        while (calls is not None and len(times) < int(calls)) or (calls is None and (spent < float(seconds) or len(times) < int(cmd.get("min_calls", 1)))):
+            t = time.perf_counter()
+            call(x)
+            dt = time.perf_counter() - t
+            times.append(dt)
+            spent += dt
+        out.write(json.dumps({"times": times, "peak_rss_mb": peak_rss_mb()}) + "\n")
+        out.flush()
+
+
+def protocol_streams() -> TextIO:
+    """The parent's channel (the real stdout); libraries that print to fd 1 now print to stderr."""
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    artifact, backend, threads, device = argv[0], argv[1], int(argv[2]), argv[3]
+    out = protocol_streams()
+    try:
+        from vitdeploy.core.errors import VitdeployError
+        from vitdeploy.runners import open_runner
+
+        runner = open_runner(artifact, backend=backend, threads=threads, device=device)
+        if runner.backend == "torch":
+            import torch
+
+            torch.set_num_threads(threads)
+    except (VitdeployError, ImportError) as e:
+        out.write(json.dumps({"error": str(e), "import_error": isinstance(e, ImportError)}) + "\n")
+        out.flush()
+        return 1
+    h, w = runner.manifest.input_size
+    out.write(json.dumps({"ready": True, "backend": runner.backend, "precision": runner.precision,
+                          "artifact": str(runner.artifact), "peak_rss_mb": peak_rss_mb()}) + "\n")
+    out.flush()
+    with runner:
+        serve(runner, (h, w), out, sys.stdin)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,506 @@
+"""Attention maps: where a ViT looked, laid over the image it looked at.
+
+Attention rollout (Abnar & Zuidema, 2020, "Quantifying Attention Flow in
+Transformers"): each block's attention, fused over heads, gets the identity
+added for the residual connection and its rows renormalised; the product over
+the blocks is how much each input token flowed into each output token. The map
+is the class token's row (or, for a mean-pooled head, the mean of the patch
+tokens' rows, since those are what the head reads), over the patch columns.
+
+The maths (``fuse_heads``, ``rollout``, ``last_layer``) is numpy only. The
+attention probabilities come from ``VisionTransformer.forward_with_attention``
+for a checkpoint, and for an ONNX model (FP32, FP16 or the INT8 Q/DQ copy) from
+its Softmax nodes, made graph outputs and run by ONNX Runtime: so a quantized
+copy is checked on where it looks, not only on what it answers.
+Drawing uses Pillow plus a matplotlib colour map, so the PNG's geometry is
+exact: the input panel and the overlay panel side by side, a caption below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from vitdeploy.checks import metrics
+from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.fileio import atomic_path
+from vitdeploy.core.manifest import Manifest
+from vitdeploy.core.preprocess import ImageReadError, Preprocess, gather_images, load_image, resize_crop, to_array
+
+METHODS = ("rollout", "last-layer")
+HEAD_FUSIONS = ("mean", "max", "min")
+
+PANEL = 256  # shortest side of each image panel in the PNG, in pixels
+MARGIN = 12
+CAPTION_H = 74
+COLORMAP = "jet"
+ALPHA = 0.5
+
+
+# --- the maths (numpy) -------------------------------------------------------------------------------
+
+
+def fuse_heads(attn: np.ndarray, head_fusion: str = "mean") -> np.ndarray:
+    """[B, heads, N, N] → [B, N, N] by the mean, max or min over heads."""
+    if head_fusion == "mean":
+        return attn.mean(axis=1)
+    if head_fusion == "max":
+        return attn.max(axis=1)
+    if head_fusion == "min":
+        return attn.min(axis=1)
+    raise UsageError(f"unknown head fusion {head_fusion!r}: choose one of {', '.join(HEAD_FUSIONS)}")
+
+
+def discard_lowest(a: np.ndarray, ratio: float) -> np.ndarray:
+    """Zero the lowest ``ratio`` of each [N, N] map's entries, never the class token's attention to itself.
+
+    Attention to a few tokens is informative, the long tail of small weights is
+    noise that the product over blocks smears over the map; as in Gildenblat's
+    widely used implementation, the [0, 0] entry is kept so the class token
+    keeps its own path.
+    """
+    if ratio <= 0:
+        return a
+    b, n, _ = a.shape
+    flat = a.reshape(b, n * n).copy()
+    k = int(n * n * ratio)
+    if k == 0:
+        return a
+    idx = np.argsort(flat, axis=1, kind="stable")[:, :k]
+    for i in range(b):
+        drop = idx[i][idx[i] != 0]
+        flat[i, drop] = 0.0
+    return flat.reshape(b, n, n)
+
+
+def _readout(m: np.ndarray, pool: str) -> np.ndarray:
+    """[B, N, N] token-to-token flow → [B, N-1] per patch, as the head reads it."""
+    if pool == "mean":
+        return m[:, 1:, 1:].mean(axis=1)
+    return m[:, 0, 1:]
+
+
+def _check(attentions: Sequence[np.ndarray], discard_ratio: float, pool: str) -> None:
+    if not attentions:
+        raise VitdeployError("no attention probabilities: the model returned none")
+    if not 0.0 <= discard_ratio < 1.0:
+        raise UsageError(f"--discard-ratio must be in [0, 1), not {discard_ratio}")
+    if pool not in ("cls", "mean"):
+        raise UsageError(f"pool must be 'cls' or 'mean', not {pool!r}")
+
+
+def rollout(
+    attentions: Sequence[np.ndarray],
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    pool: str = "cls",
+) -> np.ndarray:
+    """Attention rollout: [B, N-1] relevance of each patch, from per-block [B, heads, N, N] probabilities."""
+    _check(attentions, discard_ratio, pool)
+    first = np.asarray(attentions[0], np.float64)
+    b, _, n, _ = first.shape
+    eye = np.eye(n)
+    result = np.broadcast_to(eye, (b, n, n)).copy()
+    for attn in attentions:
+        a = discard_lowest(fuse_heads(np.asarray(attn, np.float64), head_fusion), discard_ratio)
+        a = a + eye
+        a = a / a.sum(axis=-1, keepdims=True)
+        result = a @ result
+    return _readout(result, pool)
+
+
+def last_layer(
+    attentions: Sequence[np.ndarray],
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    pool: str = "cls",
+) -> np.ndarray:
+    """The last block's attention alone, read out like ``rollout``: a sharper, less faithful map."""
+    _check(attentions, discard_ratio, pool)
+    a = discard_lowest(fuse_heads(np.asarray(attentions[-1], np.float64), head_fusion), discard_ratio)
+    return _readout(a, pool)
+
+
+def attention_map(
+    attentions: Sequence[np.ndarray],
+    grid: tuple[int, int],
+    method: str = "rollout",
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    pool: str = "cls",
+) -> np.ndarray:
+    """[B, gh, gw] maps scaled to [0, 1] per image (a constant map stays 0)."""
+    if method == "rollout":
+        v = rollout(attentions, head_fusion, discard_ratio, pool)
+    elif method == "last-layer":
+        v = last_layer(attentions, head_fusion, discard_ratio, pool)
+    else:
+        raise UsageError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+    gh, gw = grid
+    if v.shape[1] != gh * gw:
+        raise VitdeployError(f"{v.shape[1]} patch tokens do not make a {gh}x{gw} grid")
+    v = v.reshape(len(v), gh, gw)
+    lo = v.min(axis=(1, 2), keepdims=True)
+    span = v.max(axis=(1, 2), keepdims=True) - lo
+    return np.where(span > 0, (v - lo) / np.where(span > 0, span, 1.0), 0.0).astype(np.float32)
+
+
+# --- the picture ---------------------------------------------------------------------------------------
+
+
+def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    try:
+        from matplotlib import font_manager
+
+        return ImageFont.truetype(font_manager.findfont("DejaVu Sans"), size)
+    except Exception:  # noqa: BLE001 - any font is better than no picture
+        return ImageFont.load_default()
+
+
+def panel_size(input_size: tuple[int, int]) -> tuple[int, int]:
+    """(width, height) of one image panel: the shorter side PANEL, the model's aspect ratio."""
+    h, w = input_size
+    s = PANEL / min(h, w)
+    return (round(w * s), round(h * s))
+
+
+def png_size(input_size: tuple[int, int]) -> tuple[int, int]:
+    """(width, height) of the PNG ``render`` draws for a model of this input size."""
+    pw, ph = panel_size(input_size)
+    return (3 * MARGIN + 2 * pw, 2 * MARGIN + ph + CAPTION_H)
+
+
+def colorize(heat: np.ndarray, size: tuple[int, int]) -> Image.Image:
+    """A [gh, gw] map in [0, 1] → an RGB heat image of ``size`` (w, h), upsampled smoothly."""
+    from matplotlib import colormaps
+
+    up = Image.fromarray(heat.astype(np.float32), mode="F").resize(size, Image.Resampling.BILINEAR)
+    a = np.clip(np.asarray(up), 0.0, 1.0)
+    rgb = colormaps[COLORMAP](a)[..., :3]
+    return Image.fromarray((rgb * 255).round().astype(np.uint8), "RGB")
+
+
+def overlay(image: Image.Image, heat: np.ndarray, alpha: float = ALPHA) -> Image.Image:
+    """The heat map blended over the image (both at the image's size)."""
+    return Image.blend(image.convert("RGB"), colorize(heat, image.size), alpha)
+
+
+def render(
+    image: Image.Image,
+    heat: np.ndarray,
+    top: Sequence[tuple[str, float]],
+    title: str = "",
+) -> Image.Image:
+    """Input panel | overlay panel, a colour bar and the top predictions in the caption."""
+    pw, ph = panel_size((image.height, image.width))
+    # small inputs (32x32 digits) are shown as their pixels, large ones smoothly
+    interp = Image.Resampling.NEAREST if min(image.size) < PANEL // 2 else Image.Resampling.BICUBIC
+    shown = image.convert("RGB").resize((pw, ph), interp)
+    over = overlay(shown, heat)
+    W, H = png_size((image.height, image.width))
+    canvas = Image.new("RGB", (W, H), "white")
+    canvas.paste(shown, (MARGIN, MARGIN))
+    canvas.paste(over, (2 * MARGIN + pw, MARGIN))
+    draw = ImageDraw.Draw(canvas)
+    y = 2 * MARGIN + ph - 4
+    big, small = _font(15), _font(12)
+    caption = f"top-{len(top)}:  " + "  ·  ".join(f"{name} ({score:.1%})" for name, score in top)
+    draw.text((MARGIN, y), caption, fill="black", font=big)
+    if title:
+        draw.text((MARGIN, y + 24), title, fill=(90, 90, 90), font=small)
+    # colour bar under the overlay panel: low → high attention
+    bar_w, bar_h = min(pw - 80, 160), 10
+    x0 = W - MARGIN - 32 - bar_w
+    bar = colorize(np.linspace(0, 1, 64, dtype=np.float32)[None, :], (bar_w, bar_h))
+    canvas.paste(bar, (x0, y + 48))
+    draw.text((x0 - 30, y + 45), "low", fill=(90, 90, 90), font=small)
+    draw.text((x0 + bar_w + 5, y + 45), "high", fill=(90, 90, 90), font=small)
+    return canvas
+
+
+# --- images in, PNGs out ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Explanation:
+    source: Path
+    output: Path
+    heatmap: np.ndarray  # [gh, gw] in [0, 1]
+    top: list[tuple[str, float]]
+
+
+@dataclass
+class ExplainResult:
+    explanations: list[Explanation] = field(default_factory=list)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    method: str = "rollout"
+    model: str = ""
+    precision: str = "fp32"
+    backend: str = "torch"
+
+
+@dataclass
+class MapAgreement:
+    """How closely a copy's maps follow the reference's on the same images (maps in [0, 1])."""
+
+    model: str
+    precision: str
+    backend: str
+    images: int
+    top1_agreement: float
+    max_abs_diff: float
+    mean_abs_diff: float
+    min_correlation: float
+    mean_correlation: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def compare_maps(reference: ExplainResult, candidate: ExplainResult) -> MapAgreement:
+    """Per image |Δ| and Pearson correlation of the two maps, and whether the top-1 labels agree."""
+    ref = {e.source: e for e in reference.explanations}
+    pairs = [(ref[e.source], e) for e in candidate.explanations if e.source in ref]
+    if not pairs:
+        raise VitdeployError("no image was explained by both models")
+    c = metrics.compare(
+        np.stack([r.heatmap for r, _ in pairs]), np.stack([e.heatmap for _, e in pairs]),
+        extra={"correlation": metrics.pearson_rows},
+    )
+    corr = c.extra["correlation"]
+    return MapAgreement(
+        model=candidate.model,
+        precision=candidate.precision,
+        backend=candidate.backend,
+        images=len(pairs),
+        top1_agreement=float(np.mean([r.top[0][0] == e.top[0][0] for r, e in pairs])),
+        max_abs_diff=c.max_abs_diff,
+        mean_abs_diff=c.mean_abs_diff,
+        min_correlation=float(corr.min()),
+        mean_correlation=float(corr.mean()),
+    )
+
+
+def output_names(paths: Sequence[Path], out_dir: Path, suffix: str = ".attention.png") -> list[Path]:
+    """One PNG per input, named after it; inputs that share a name get their parent folders prefixed."""
+    names = [p.stem for p in paths]
+    for depth in range(1, 8):
+        seen: dict[str, int] = {}
+        for n in names:
+            seen[n] = seen.get(n, 0) + 1
+        if all(c == 1 for c in seen.values()):
+            break
+        names = [
+            "_".join([*p.parent.parts[-depth:], p.stem]) if seen[n] > 1 else n
+            for p, n in zip(paths, names, strict=True)
+        ]
+    else:  # still clashing (the same file twice): number them
+        names = [f"{n}_{i}" for i, n in enumerate(names)]
+    return [out_dir / f"{n}{suffix}" for n in names]
+
+
+Forward = Callable[[Sequence[Image.Image]], tuple[np.ndarray, list[np.ndarray]]]
+
+
+@dataclass
+class AttentionModel:
+    """Logits and every block's attention probabilities for resized images, from a checkpoint or an ONNX model."""
+
+    path: Path
+    manifest: Manifest
+    backend: str
+    forward: Forward
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        h, w = self.manifest.model.get("image_size", self.manifest.input_size)
+        p = int(self.manifest.model["patch_size"])
+        return (int(h) // p, int(w) // p)
+
+    @property
+    def pool(self) -> str:
+        return str(self.manifest.model.get("pool", "cls"))
+
+
+def _torch_attention(path: Path) -> AttentionModel:
+    import torch
+
+    from vitdeploy.model.importers import load_any
+
+    ck = load_any(path)
+    net = ck.build()
+    pp = ck.manifest.pp()
+
+    def forward(images: Sequence[Image.Image]) -> tuple[np.ndarray, list[np.ndarray]]:
+        x = torch.from_numpy(np.stack([to_array(im, pp) for im in images]))
+        with torch.inference_mode():
+            logits, attns = net.forward_with_attention(x)
+        return logits.float().numpy(), [a.float().numpy() for a in attns]
+
+    return AttentionModel(path, ck.manifest, "torch", forward)
+
+
+def softmax_outputs(model: Any) -> list[str]:
+    """The attention probabilities of an exported ViT: its Softmax nodes' outputs, in graph order.
+
+    A Softmax that makes a graph output (class probabilities added by ``export
+    --embed-preprocess --softmax``) is no attention and is left out.
+    """
+    outs = {o.name for o in model.graph.output}
+    return [n.output[0] for n in model.graph.node if n.op_type == "Softmax" and n.output[0] not in outs]
+
+
+def logits_output(model: Any) -> str:
+    """The logits tensor: the first graph output, or the input of the Softmax that turns it into probabilities."""
+    first = model.graph.output[0].name
+    for n in model.graph.node:
+        if n.op_type == "Softmax" and n.output[0] == first:
+            return str(n.input[0])
+    return str(first)
+
+
+def _onnx_attention(path: Path, threads: int | None = None) -> AttentionModel:
+    """The ONNX model with its Softmax outputs made graph outputs: the FP16 or INT8 copy's own attention.
+
+    No torch here: this is the deployed graph, run by ONNX Runtime as verify runs it.
+    """
+    import onnx
+    import onnxruntime as ort
+
+    from vitdeploy.core.manifest import manifest_from_onnx
+    from vitdeploy.runners.onnxruntime import session_options
+
+    try:
+        model = onnx.load(str(path))
+    except Exception as e:
+        raise VitdeployError(f"{path}: not a readable ONNX model ({type(e).__name__}); re-export it") from None
+    manifest = manifest_from_onnx(model, path)
+    names = softmax_outputs(model)
+    depth = int(manifest.model.get("depth", len(names)))
+    if len(names) != depth:
+        raise VitdeployError(
+            f"{path}: {len(names)} Softmax nodes for {depth} blocks, so the attention cannot be read; "
+            "explain the checkpoint instead"
+        )
+    try:
+        typed = onnx.shape_inference.infer_shapes(model)
+        types = {v.name: v.type.tensor_type.elem_type for v in typed.graph.value_info}
+    except Exception:  # noqa: BLE001 - a type is only a hint here
+        types = {}
+    logits_name = logits_output(model)
+    existing = {o.name for o in model.graph.output}
+    for n in [logits_name, *names]:
+        if n not in existing:
+            model.graph.output.append(onnx.helper.make_tensor_value_info(n, types.get(n) or onnx.TensorProto.FLOAT, None))
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise VitdeployError(f"{path}: ONNX Runtime cannot load it ({str(e).splitlines()[0][:160]})") from None
+    inp = session.get_inputs()[0]
+    raw_spec = manifest.extra.get("input")
+    spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
+    in_graph = bool(spec.get("preprocess_in_graph"))
+    layout = str(spec.get("layout", "NHWC")).upper()
+    dtype = np.uint8 if spec.get("dtype", "uint8") == "uint8" else np.float32
+    pp = manifest.pp()
+
+    def forward(images: Sequence[Image.Image]) -> tuple[np.ndarray, list[np.ndarray]]:
+        if in_graph:  # preprocessing folded into the graph: resized RGB pixels in
+            x = np.stack([np.asarray(im, np.uint8) for im in images])
+            x = (x.transpose(0, 3, 1, 2) if layout == "NCHW" else x).astype(dtype)
+        else:
+            x = np.stack([to_array(im, pp) for im in images])
+        out = session.run([logits_name, *names], {inp.name: x})
+        return np.asarray(out[0], np.float32), [np.asarray(a, np.float32) for a in out[1:]]
+
+    return AttentionModel(path, manifest, "onnxruntime", forward)
+
+
+def open_attention_model(path: str | Path, threads: int | None = None) -> AttentionModel:
+    """A checkpoint (PyTorch) or an ONNX model, FP32, FP16 or INT8 (ONNX Runtime); engines have no attention outputs."""
+    from vitdeploy.runners import artifact_kind
+
+    p = Path(path)
+    if not p.exists():
+        raise VitdeployError(f"{p}: no such model; pass --model ckpt.pth or an .onnx model")
+    kind = artifact_kind(p)
+    if kind == "engine":
+        raise UsageError(
+            f"{p}: a TensorRT engine hands out only its logits; explain the ONNX model it was built from "
+            "(its attention is the same graph's)"
+        )
+    if kind == "onnx":
+        return _onnx_attention(p, threads)
+    return _torch_attention(p)
+
+
+def explain(
+    images: Sequence[str | Path],
+    model: str | Path = "ckpt.pth",
+    out_dir: str | Path = "attention",
+    method: str = "rollout",
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    top_k: int = 3,
+    batch_size: int = 16,
+    threads: int | None = None,
+    on_image: Callable[[Explanation], Any] | None = None,
+) -> ExplainResult:
+    """Attention maps for image files (or folders of them) as PNGs in ``out_dir``.
+
+    Unreadable images are listed in ``result.skipped`` (the others are written);
+    when none can be read, VitdeployError.
+    """
+    if method not in METHODS:
+        raise UsageError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+    if head_fusion not in HEAD_FUSIONS:
+        raise UsageError(f"unknown head fusion {head_fusion!r}: choose one of {', '.join(HEAD_FUSIONS)}")
+    if not 0.0 <= discard_ratio < 1.0:
+        raise UsageError(f"--discard-ratio must be in [0, 1), not {discard_ratio}")
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise VitdeployError(f"-o {out_dir}: a file, not a folder; pass a folder for the PNGs")
+    paths = gather_images(images)
+
+    am = open_attention_model(model, threads)
+    pp: Preprocess = am.manifest.pp()
+    labels = am.manifest.labels
+    grid, pool = am.grid, am.pool
+    out = Path(out_dir)
+    names = output_names(paths, out)
+    title = f"attention {method} · heads {head_fusion}" + (f" · discard {discard_ratio:g}" if discard_ratio else "")
+    title += f" · {Path(model).name} ({am.manifest.precision}, {am.backend})"
+    result = ExplainResult(method=method, model=str(model), precision=am.manifest.precision, backend=am.backend)
+
+    for start in range(0, len(paths), batch_size):
+        chunk = list(range(start, min(start + batch_size, len(paths))))
+        shown: list[Image.Image] = []
+        keep: list[int] = []
+        for i in chunk:
+            try:
+                shown.append(resize_crop(load_image(paths[i]), pp))
+                keep.append(i)
+            except ImageReadError as e:
+                result.skipped.append((paths[i], str(e)))
+        if not keep:
+            continue
+        logits, attns = am.forward(shown)
+        heat = attention_map(attns, grid, method, head_fusion, discard_ratio, pool)
+        order, best = metrics.top_k(metrics.softmax(logits), top_k)
+        for j, i in enumerate(keep):
+            top = [(labels[c] if c < len(labels) else str(c), float(p)) for c, p in zip(order[j], best[j], strict=True)]
+            png = render(shown[j], heat[j], top, title)
+            with atomic_path(names[i]) as tmp:
+                png.save(tmp, format="PNG")
+            ex = Explanation(paths[i], names[i], heat[j], top)
+            result.explanations.append(ex)
+            if on_image is not None:
+                on_image(ex)
+    if not result.explanations:
+        first = result.skipped[0]
+        raise VitdeployError(f"none of the {len(paths)} image(s) could be read (first: {first[0]}: {first[1]})")
+    return result
