@@ -10,6 +10,9 @@ from collections.abc import Iterable
 from typing import Any
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
+# in the name of every node of a LayerNormalization spelled out in primitive ops (graph/target.py): fp16 keeps
+# them in float32, the 8.x builder pins them to FP32
+LN_MARKER = "/LayerNormDecomposed/"
 
 
 def opset(model: Any) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vitdeploy.graph.edit import opset, replace_nodes, toposort
+from vitdeploy.graph.edit import LN_MARKER, opset, replace_nodes, toposort
 
 # Ops kept in float32: normalisation and reductions overflow or lose too much in float16.
 FP32_OPS = [
@@ -34,7 +34,8 @@ QDQ_OPS = ["QuantizeLinear", "DequantizeLinear"]
 
 
 def to_fp16(model: Any, keep_fp32_nodes: list[str] | None = None) -> Any:
-    """The model with float16 inside, float32 at its input/output and in FP32_OPS (and Q/DQ below opset 19)."""
+    """The model with float16 inside, float32 at its input/output and in FP32_OPS and spelled-out LayerNorms (and
+    Q/DQ below opset 19: from 19 they take float16 scales, so the quantized layers are float16 too)."""
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
     block = list(DEFAULT_OP_BLOCK_LIST) + FP32_OPS
@@ -44,7 +45,7 @@ def to_fp16(model: Any, keep_fp32_nodes: list[str] | None = None) -> Any:
         model,
         keep_io_types=True,
         op_block_list=block,
-        node_block_list=list(keep_fp32_nodes or []),
+        node_block_list=list(keep_fp32_nodes or []) + [n.name for n in model.graph.node if LN_MARKER in n.name],
     )
     drop_cast_round_trips(m16)
     drop_repeated_nodes(m16.graph)
@@ -125,5 +126,6 @@ def drop_cast_round_trips(model: Any) -> int:
 
 
 def fp32_islands(model: Any) -> list[str]:
-    """Names of the nodes that compute in float32 inside an FP16 graph (for the manifest and tests)."""
-    return [n.name for n in model.graph.node if n.op_type in FP32_OPS]
+    """Names of the nodes that compute in float32 inside an FP16 graph (for the manifest and tests), and that an 8.x
+    FP16/INT8 build pins to FP32: LayerNorm (one op or spelled out), Softmax, the reductions."""
+    return [n.name for n in model.graph.node if n.op_type in FP32_OPS or LN_MARKER in n.name]

@@ -51,6 +51,8 @@ class BundleOptions:
     check_images: Sequence[Path] = ()  # reference images for run.py --check (default: calibration/ if it exists)
     references: int = 16
     force: bool = False  # replace an existing bundle folder
+    # what the bundle is for: every model given must have been made for it (None: the models' own, which must agree)
+    target: str | None = None
 
 
 @dataclass
@@ -146,6 +148,31 @@ def check_same_model(manifests: dict[str, Manifest]) -> None:
         for what in ("model", "labels", "preprocess"):
             if getattr(m, what) != getattr(m0, what):
                 raise VitdeployError(f"the {p0} and {p} models differ in their {what}: bundle artifacts of one model")
+
+
+def check_target(target: str | None, manifests: dict[Path, Manifest]) -> str | None:
+    """The bundle's target: ``target`` when every model was made for it (else one line naming the model, its
+    target and the command that re-makes it); without ``target``, the models' own, which must agree."""
+    from vitdeploy.core.targets import target_facts
+    from vitdeploy.stages.engine import remake_command
+
+    if target is not None:
+        try:
+            target_facts(target)
+        except ValueError as e:
+            raise UsageError(f"--target: {e}") from None
+        for path, m in manifests.items():
+            if m.target != target:
+                made_for = m.target or "no target (the default)"
+                raise VitdeployError(f"{path} was made for {made_for}, the bundle is for {target}: re-make it with "
+                                     f"`{remake_command(path, m, target)}`")
+        return target
+    found = {m.target for m in manifests.values()}
+    if len(found) > 1:
+        raise VitdeployError("the models were made for different targets ("
+                             + ", ".join(f"{p.name}: {m.target or 'none'}" for p, m in manifests.items())
+                             + "): re-make them for one with --target")
+    return found.pop() if found else None
 
 
 def reference_images(opts: BundleOptions, manifest: Manifest, folder: Path, cwd: Path) -> tuple[list[Path], str]:
@@ -382,6 +409,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     found, loaded, exported = resolve_models(models, work, cwd)
     manifests = {prec: manifest_from_onnx(m, found[prec]) for prec, m in loaded.items()}
     check_same_model({str(found[k]): m for k, m in manifests.items()})
+    target = check_target(opts.target, {found[k]: m for k, m in manifests.items()})
     precisions = [p for p in PRECISIONS if p in found]
     default = opts.precision or next(p for p in ("int8", "fp16", "fp32") if p in found)
     if default not in found:
@@ -471,6 +499,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     (root / "labels.txt").write_text(labels_file(base.labels))
     manifest = base.derive(
         precision=default,
+        target=target,
         raw_variant=raw_variant_name(ONNX_NAMES[default]),
         bundle={
             "format": FORMAT,

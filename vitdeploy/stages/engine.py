@@ -21,7 +21,7 @@ from typing import Any
 from vitdeploy.core.errors import PartlyDone, UsageError, VitdeployError
 from vitdeploy.core.fileio import atomic_path, sha256_file
 from vitdeploy.core.manifest import Manifest, read_onnx_manifest, sidecar_path, tool_versions
-from vitdeploy.core.targets import CPU_TARGETS, target_of_version
+from vitdeploy.core.targets import CPU_TARGETS, target_facts, target_of_version
 from vitdeploy.runners.tensorrt.versions import (
     ArtifactPlan,
     NetworkPlan,
@@ -54,6 +54,8 @@ class BuildOptions:
     dla_core: int | None = None
     version_compatible: bool = False
     out: Path | None = None
+    # what a made artifact (--fp16/--int8) is made for; None: the TensorRT found here (else the model's target)
+    target: str | None = None
 
 
 @dataclass
@@ -162,6 +164,11 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
         raise VitdeployError(f"{model}: no such file{hint}")
     if model.suffix != ".onnx":
         raise UsageError(f"{model}: build-engine takes an ONNX model; make one with `vitdeploy export {model}`")
+    if o.target is not None:
+        try:
+            target_facts(o.target)
+        except ValueError as e:
+            raise UsageError(f"--target: {e}") from None
     manifest = read_onnx_manifest(model)
     plan = plan_artifact(model, manifest.precision, o.fp16, o.int8, o.out, o.dla_core)
     if plan.make == "int8" and not Path(o.calib).is_dir():
@@ -181,13 +188,21 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
                     + (" (Jetson Orin has them; Thor, Nano and desktop GPUs have none)" if n == 0 else "")
                 )
 
+    target = o.target
     if env.missing is None:  # an artifact made for another TensorRT: say so before calibrating or building
         target_mismatch(model, manifest, env.version or "0")
+        here = target_of_version(env.version or "0")
+        if target is not None and target != here:
+            raise VitdeployError(f"--target {target}, but this is TensorRT {env.version} ({here}): build with "
+                                 f"--target {here} here, or on a device with {target}")
+        target = here
+    elif target is None:
+        target = manifest.target
     if env.missing is None:  # a parser that cannot read the opset: say so before calibrating or building
         problem = opset_problem(onnx_opset(plan.source), env.version or "0")
         if problem:
             raise VitdeployError(f"{plan.artifact}: {problem}")
-    made = make_artifact(plan, Path(o.calib), emit)
+    made = make_artifact(plan, Path(o.calib), emit, target)
     name, dims = input_dims(plan.artifact, read_onnx_manifest(plan.artifact))
     opset = onnx_opset(plan.artifact)
     if env.missing is not None:
@@ -200,7 +215,7 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
     return compile_engine(plan, env, profile, name, dims, o, emit, made)
 
 
-def make_artifact(plan: ArtifactPlan, calib: Path, emit: Event) -> dict[str, Any] | None:
+def make_artifact(plan: ArtifactPlan, calib: Path, emit: Event, target: str | None = None) -> dict[str, Any] | None:
     """Write the FP16 or INT8 ONNX the engine is built from (vitdeploy.stages.precision), then check it against its source.
 
     Returns None when the artifact is built as it is; else what was made: skipped calibration images,
@@ -215,13 +230,13 @@ def make_artifact(plan: ArtifactPlan, calib: Path, emit: Event) -> dict[str, Any
         raise VitdeployError("this vitdeploy has no precision module: update vitdeploy") from None
     emit("artifact", {"kind": plan.make, "path": str(plan.artifact)})
     made: dict[str, Any] = {"kind": plan.make, "path": str(plan.artifact), "skipped": [], "warnings": []}
-    if plan.make == "int8":
+    if plan.make == "int8":  # FP16 for the unquantized parts; for trt10/trt11 with float16 scales (the target's)
         res = precision.calibrate(plan.source, calib, plan.artifact, float_type="fp16",
-                                  progress=lambda kind, d: emit(kind, d))
+                                  progress=lambda kind, d: emit(kind, d), target=target)
         made["skipped"] = [(str(p), why) for p, why in res.skipped]
         made["warnings"] = list(res.warnings)
     else:
-        precision.convert_fp16(plan.source, plan.artifact)
+        precision.convert_fp16(plan.source, plan.artifact, target=target)
     emit("check", {"path": str(plan.artifact)})
     made["check"] = compare_artifacts(plan.source, plan.artifact, calib)
     emit("artifact-done", made)
@@ -286,6 +301,9 @@ def compile_engine(plan: ArtifactPlan, env: TensorRTEnv, profile: Profile, input
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(o.workspace * (1 << 30)))
     for flag in nplan.builder_flags:
         config.set_flag(getattr(trt.BuilderFlag, flag))
+    if "OBEY_PRECISION_CONSTRAINTS" in nplan.builder_flags:
+        pinned = pin_float32_layers(trt, network, plan.artifact)
+        emit("pinned", {"layers": pinned})
     if o.dla_core is not None:
         config.default_device_type = trt.DeviceType.DLA
         config.DLA_core = int(o.dla_core)
@@ -334,6 +352,28 @@ def compile_engine(plan: ArtifactPlan, env: TensorRTEnv, profile: Profile, input
     return BuildResult(plan.engine, sidecar, plan.artifact, record, made)
 
 
+def pin_float32_layers(trt: Any, network: Any, artifact: Path) -> int:
+    """On a weakly typed (8.x) FP16/INT8 build, make the graph's float32 islands binding: every Softmax and reduction
+    layer and every layer of a LayerNorm (one op, or spelled out for 8.5) computes and outputs FP32 (with
+    OBEY_PRECISION_CONSTRAINTS set). Layers are matched to ONNX nodes by name, as onnx-tensorrt names them.
+    Returns how many layers were pinned."""
+    import onnx
+
+    from vitdeploy.graph.fp16 import fp32_islands
+
+    names = tuple(fp32_islands(onnx.load(str(artifact), load_external_data=False)))
+    kinds = (trt.LayerType.SOFTMAX, trt.LayerType.REDUCE)
+    pinned = 0
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        if layer.type in kinds or any(layer.name == n or layer.name.startswith(n + "_") for n in names):
+            layer.precision = trt.float32
+            for k in range(layer.num_outputs):
+                layer.set_output_type(k, trt.float32)
+            pinned += 1
+    return pinned
+
+
 def use_timing_cache(config: Any, path: Path, emit: Event) -> Any:
     """Read the timing cache into the builder; one from another device or TensorRT (None, or refused) is
     replaced by an empty one, and the build says so. Returns the cache in use (None: building without one)."""
@@ -358,7 +398,8 @@ def remake_command(model: Path, manifest: Manifest, target: str) -> str:
         return f"vitdeploy convert-fp16 {fp32} --target {target}"
     if manifest.precision == "int8":
         return f"vitdeploy calibrate {fp32} --target {target}"
-    ckpt = (manifest.source or {}).get("checkpoint") or "CHECKPOINT"
+    src = manifest.source or {}
+    ckpt = src.get("path") if src.get("kind") == "checkpoint" and src.get("path") else "CHECKPOINT"
     return f"vitdeploy export {ckpt} --target {target} -o {model}"
 
 

@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vitdeploy.checks.parity import PARITY_BATCHES, ParityReport, validate_parity
-from vitdeploy.core.errors import ParityError, VitdeployError
+from vitdeploy.core.errors import ParityError, UsageError, VitdeployError
 from vitdeploy.core.fileio import source_sha256
 from vitdeploy.core.manifest import Manifest, set_onnx_manifest, tool_versions
+from vitdeploy.core.targets import TargetFacts, target_facts
 from vitdeploy.graph.edit import drop_unused_initializers, replace_nodes
 
 if TYPE_CHECKING:
@@ -99,6 +100,23 @@ def check_opset(opset: int) -> int:
     if opset > hi:
         raise VitdeployError(f"--opset {opset} is above {hi}, the highest the installed onnx supports; choose {MIN_OPSET}..{hi}")
     return opset
+
+
+def check_target(target: str | None, opset: int) -> TargetFacts | None:
+    """The target's facts; an unknown target (listing the valid ones) or an opset its parser cannot read is refused."""
+    if target is None:
+        return None
+    try:
+        facts = target_facts(target)
+    except ValueError as e:
+        raise UsageError(f"--target: {e}") from None
+    if facts.max_opset is not None and opset > facts.max_opset:
+        raise VitdeployError(f"--opset {opset} is above {facts.max_opset}, the highest opset {target}'s parser reads: "
+                             f"choose --opset {MIN_OPSET}..{facts.max_opset}")
+    if not facts.layernorm_op and opset > MIN_OPSET:
+        raise VitdeployError(f"--target {target} writes LayerNorm in primitive ops at opset {MIN_OPSET}: "
+                             f"drop --opset {opset}")
+    return facts
 
 
 def node_counts(model: onnx.ModelProto) -> dict[str, int]:
@@ -355,9 +373,10 @@ def _clean(m: onnx.ModelProto, manifest: Manifest, opset: int) -> onnx.ModelProt
     return m
 
 
-def _derived_manifest(manifest: Manifest, checkpoint: str | Path, opset: int) -> Manifest:
+def _derived_manifest(manifest: Manifest, checkpoint: str | Path, opset: int, target: str | None = None) -> Manifest:
     return manifest.derive(
         precision="fp32",
+        target=target,
         source={
             "kind": "checkpoint",
             "path": Path(checkpoint).name,
@@ -419,8 +438,15 @@ def export_onnx(
     arch: str | None = None,
     labels: str | Path | None = None,
     progress: Progress | None = None,
+    target: str | None = None,
 ) -> ExportResult:
     """Export a checkpoint to ONNX (dynamic batch, manifest inside) and, with ``check``, prove parity.
+
+    ``target`` (core.targets.TARGETS) is what the graph is written for and goes into the manifest. None, the
+    default, writes the opset-17 graph with one LayerNormalization op per norm, which TensorRT 8.6, 10, 11 and
+    ONNX Runtime all read (and TensorRT keeps LayerNormalization in FP32); ``trt8.5`` spells LayerNorm out in
+    primitive ops, because 8.5's parser has no LayerNormalization importer. An opset above the target's parser
+    limit is refused.
 
     Everything is written into a temporary folder beside ``out`` and moved into place
     only after the checker and the parity check pass; a failure leaves an earlier
@@ -430,6 +456,7 @@ def export_onnx(
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     check_opset(opset)
+    facts = check_target(target, opset)
     out = Path(out)
     if out.suffix != ".onnx":
         raise VitdeployError(f"{out}: the output must end in .onnx")
@@ -455,9 +482,13 @@ def export_onnx(
         step("clean")
         t = time.perf_counter()
         m = _clean(m, manifest, opset)
+        if facts is not None and not facts.layernorm_op:
+            from vitdeploy.graph.target import decompose_layernorm
+
+            decompose_layernorm(m)
         timings["clean"] = time.perf_counter() - t
 
-        derived = _derived_manifest(manifest, checkpoint, opset)
+        derived = _derived_manifest(manifest, checkpoint, opset, target)
         set_onnx_manifest(m, derived)
         counts = node_counts(m)
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.fileio import atomic_path, sha256_file, write_text_atomic
 from vitdeploy.core.manifest import Manifest, manifest_from_onnx, set_onnx_manifest, tool_versions
-from vitdeploy.core.targets import CPU_TARGETS
+from vitdeploy.core.targets import CPU_TARGETS, TargetFacts, target_facts
 
 # Defaults chosen by measurement on the digits model (see README "calibrate"):
 DEFAULT_METHOD = "entropy"
@@ -96,21 +96,30 @@ def _source(path: Path, sha256: str | None = None) -> dict[str, Any]:
 # --- FP16 -------------------------------------------------------------------------------------
 
 
-def convert_fp16(model_onnx: str | Path = "model.onnx", out: str | Path | None = None) -> Path:
-    """Float16 weights and activations, float32 input/output, LayerNorm/Softmax/reductions kept in float32."""
+def convert_fp16(model_onnx: str | Path = "model.onnx", out: str | Path | None = None, target: str | None = None) -> Path:
+    """Float16 weights and activations, float32 input/output, LayerNorm/Softmax/reductions kept in float32.
+
+    ``target``: what the artifact is made for (default: the source's target, else none: the graph TensorRT 8.6,
+    10, 11 and ONNX Runtime read). For ``trt8.5`` LayerNorm is spelled out in primitive ops (kept in float32).
+    """
     from vitdeploy.graph.fp16 import FP32_OPS, fp32_islands, to_fp16
     from vitdeploy.graph.quantize import is_fp16, is_quantized
 
     src = Path(model_onnx)
+    check_target(target)
     model, manifest = _load(src)
     if manifest.precision == "fp16" or is_fp16(model):
         raise VitdeployError(f"{src} is already FP16: convert the FP32 model (e.g. model.onnx)")
     if manifest.precision == "int8" or is_quantized(model):
         raise VitdeployError(f"{src} is an INT8 (Q/DQ) model: convert the FP32 model, or calibrate with --float fp16")
+    target = target or manifest.target
+    facts = check_target(target)
     dest = Path(out) if out is not None else default_out(src, "fp16")
+    _fit_graph(model, facts, src)
     m16 = to_fp16(model)
     derived = manifest.derive(
         precision="fp16",
+        target=target,
         source=_source(src),
         float_type="fp16",
         fp16={"fp32_ops": sorted(set(FP32_OPS) & {n.op_type for n in m16.graph.node}), "fp32_nodes": len(fp32_islands(m16))},
@@ -118,6 +127,31 @@ def convert_fp16(model_onnx: str | Path = "model.onnx", out: str | Path | None =
     )
     _save(m16, derived, dest)
     return dest
+
+
+def check_target(target: str | None) -> TargetFacts | None:
+    """The target's facts (None for none); an unknown target is a usage error that lists the valid ones."""
+    if target is None:
+        return None
+    try:
+        return target_facts(target)
+    except ValueError as e:
+        raise UsageError(f"--target: {e}") from None
+
+
+def _fit_graph(model: Any, facts: TargetFacts | None, src: Path) -> None:
+    """What the target's parser needs of the FP32 graph, in place: LayerNorm spelled out where it has no importer,
+    an opset within its limit."""
+    from vitdeploy.graph.edit import opset
+    from vitdeploy.graph.target import decompose_layernorm
+
+    if facts is None:
+        return
+    if facts.max_opset is not None and opset(model) > facts.max_opset:
+        raise VitdeployError(f"{src} is ONNX opset {opset(model)}; {facts.name}'s parser reads opsets up to "
+                             f"{facts.max_opset}: re-export it with `vitdeploy export --target {facts.name}`")
+    if not facts.layernorm_op:
+        decompose_layernorm(model)
 
 
 # --- INT8 -------------------------------------------------------------------------------------
@@ -298,8 +332,9 @@ def _quantization_record(
 def _quantize(
     model: Any, manifest: Manifest, layers: list[Any], amax: dict[str, float], eval_dir: str | Path | None,
     max_drop: float | None, min_agreement: float | None, progress: Progress | None, backend: str = "onnxruntime",
-) -> tuple[Any, list[str], dict[str, Any], dict[str, Any] | None]:
-    """The Q/DQ model, the layers kept in float, the guard's figures and record (None without --eval).
+) -> tuple[Any, list[str], dict[str, Any], dict[str, Any] | None, Any]:
+    """The Q/DQ model, the layers kept in float, the guard's figures and record (None without --eval), and
+    (eval set, FP32 logits) to measure the written model on (None without --eval).
 
     With ``eval_dir`` the guard measures it and keeps layers in float until the budget fits;
     a budget it cannot meet raises (nothing is written).
@@ -307,7 +342,7 @@ def _quantize(
     from vitdeploy.graph.quantize import SwitchableQDQ, insert_qdq
 
     if eval_dir is None:
-        return insert_qdq(model, layers, amax), [], {}, None
+        return insert_qdq(model, layers, amax), [], {}, None, None
     from vitdeploy.checks.guard import guard, load_eval_set, logits
 
     if progress:
@@ -320,7 +355,7 @@ def _quantize(
     info["backend"] = backend
     if not g.met:
         raise _budget_missed(info["after"], max_drop, min_agreement, len(g.excluded))
-    return qmodel, g.excluded, g.after.to_dict(), info
+    return qmodel, g.excluded, g.after.to_dict(), info, (ev, ref)
 
 
 def calibrate(
@@ -331,7 +366,7 @@ def calibrate(
     batch_size: int = 32,
     method: str = DEFAULT_METHOD,
     quantize_attention: bool = DEFAULT_QUANTIZE_ATTENTION,
-    float_type: str = "fp32",
+    float_type: str | None = None,
     seed: int = 0,
     max_drop: float | None = None,
     eval_dir: str | Path | None = None,
@@ -343,20 +378,25 @@ def calibrate(
     """Quantize an FP32 ONNX model to explicit int8 Q/DQ from calibration images; optionally guard its accuracy.
 
     ``float_type``: the type of everything left unquantized (fp32 for ONNX Runtime
-    on a CPU, fp16 for a TensorRT build). With ``eval_dir`` the INT8 model's top-1
+    on a CPU, fp16 for a TensorRT build); None, the default, takes the target's (fp16 for a TensorRT target,
+    fp32 for ``ort`` and for no target). With ``eval_dir`` the INT8 model's top-1
     is measured against the FP32 model's; with ``max_drop`` too, the layers that
     cost most are kept in float until the drop fits (and, with ``min_agreement``, the
     top-1 agreement with FP32 reaches that fraction). Raises VitdeployError (exit 1)
     when it cannot, after writing nothing. ``target`` "ort" (a CPU: ONNX Runtime or OpenVINO) also quantizes
     the attention scores (Q·Kᵀ), as NNCF's transformer scheme does (quantize.cpu_layers); None keeps the
-    TensorRT placement. ``backend``: the CPU runtime the guard evaluates the INT8 model on (onnxruntime or
+    TensorRT placement. ``target`` (default: the source's) is what the artifact is made for: for ``trt10`` and
+    ``trt11`` (strongly typed builds that read float16 DequantizeLinear scales) the model goes to opset 19 and the
+    Q/DQ pairs, their scales and the quantized GEMMs are float16, so no Cast sits next to a quantized GEMM; for
+    ``trt8.5`` LayerNorm is spelled out in primitive ops. ``backend``: the CPU runtime the guard evaluates the INT8 model on (onnxruntime or
     openvino: where it will run).
     """
     from vitdeploy.graph.edit import opset
     from vitdeploy.graph.fp16 import to_fp16
     from vitdeploy.graph.quantize import ensure_node_names, find_layers, tensors_to_calibrate
 
-    _check_options(method, float_type, batch_size, max_drop, min_agreement, eval_dir)
+    _check_options(method, float_type or "fp32", batch_size, max_drop, min_agreement, eval_dir)
+    check_target(target)
     if backend not in ("onnxruntime", "openvino"):
         raise VitdeployError(f"the guard evaluates on onnxruntime or openvino, not {backend!r}")
     if backend == "openvino":
@@ -365,7 +405,15 @@ def calibrate(
         import_openvino()  # one line saying how to install it
     src = Path(model_onnx)
     model, manifest = _fp32_source(src)
+    target = target or manifest.target
+    facts = check_target(target)
+    if float_type is None:
+        float_type = "fp16" if facts is not None and facts.float_dtype_int8 == "float16" else "fp32"
+    if facts is not None and facts.fp16_dq_scales and float_type != "fp16":
+        raise UsageError(f"--target {target} builds strongly typed: its INT8 keeps the unquantized parts in float16 "
+                         "(float32 would run every layer in FP32); drop --float fp32, or use --target ort for a CPU")
     dest = Path(out) if out is not None else default_out(src, "int8")
+    _fit_graph(model, facts, src)
     ensure_node_names(model)
     all_layers = find_layers(model)
     layers = [la for la in all_layers if quantize_attention or la.kind != "attention"]
@@ -390,10 +438,23 @@ def calibrate(
         warnings.append(f"only {n_read} calibration images: 500 or more give stable ranges (fewer than {FEW_IMAGES} may not)")
     amax = {t: r[method] for t, r in ranges.items()}
 
-    qmodel, excluded, figs, guard_info = _quantize(model, manifest, layers, amax, eval_dir, max_drop, min_agreement, progress,
+    qmodel, excluded, figs, guard_info, measured = _quantize(model, manifest, layers, amax, eval_dir, max_drop, min_agreement, progress,
                                                    backend)
     quantized = [la.node for la in layers if la.node not in set(excluded)]
-    if float_type == "fp16":
+    if float_type == "fp16" and facts is not None and facts.fp16_dq_scales:
+        # TensorRT 10/11 read float16 scales (opset 19): Q/DQ, scales and the quantized GEMMs are all float16, so a
+        # strongly typed build runs them in int8/float16 with no Cast island around any GEMM
+        from vitdeploy.graph.target import FP16_QDQ_OPSET, to_opset
+
+        qmodel = to_fp16(to_opset(qmodel, FP16_QDQ_OPSET))
+        if measured is not None:  # the guard measured the float32 Q/DQ graph: report the float16 one written
+            from vitdeploy.checks.guard import figures, logits
+
+            ev, ref = measured
+            figs = figures(ref, logits(qmodel, ev.x, backend=backend), ev.y).to_dict()
+            if guard_info is not None:
+                guard_info["written"] = figs
+    elif float_type == "fp16":
         # the quantized layers stay float32 so each DequantizeLinear feeds its MatMul/Conv directly (TensorRT fuses
         # that pair into an int8 kernel); Casts go before the QuantizeLinear and after the layer
         qmodel = to_fp16(qmodel, keep_fp32_nodes=quantized)
@@ -401,10 +462,9 @@ def calibrate(
                                  len(quantized), excluded)
     if target in CPU_TARGETS:
         quant["attention_scores"] = True
-    derived = manifest.derive(precision="int8", source=_source(src, model_sha), float_type=float_type,
+    quant["scales"] = "float16" if float_type == "fp16" and facts is not None and facts.fp16_dq_scales else "float32"
+    derived = manifest.derive(precision="int8", target=target, source=_source(src, model_sha), float_type=float_type,
                               quantization=quant, versions=tool_versions("onnx", "onnxruntime"))
-    if target is not None:
-        derived.target = target
     if guard_info is not None:
         derived.extra["guard"] = guard_info
     if not reused:

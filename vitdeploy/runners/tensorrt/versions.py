@@ -170,7 +170,8 @@ def network_plan(trt_version: tuple[int, ...] | str, precision: str, dla: bool =
     """How a decided graph is compiled on a given TensorRT.
 
     ≥ 9: a strongly typed network, no precision flags (11: every network is strongly typed and the
-    FP16/INT8 flags are gone). 8.5/8.6: explicit batch, FP16 for FP16 and INT8 artifacts, INT8 for Q/DQ.
+    FP16/INT8 flags are gone). 8.5/8.6: explicit batch, FP16 for FP16 and INT8 artifacts, INT8 for Q/DQ, and
+    OBEY_PRECISION_CONSTRAINTS with them (the builder pins LayerNorm/Softmax/reductions to FP32).
     DLA on 9/10: NVIDIA documents DLA builds with the FP16/INT8 flags there, so a DLA build on 9/10 is
     weakly typed with those flags; on 11 DLA networks are strongly typed too.
     """
@@ -191,6 +192,10 @@ def network_plan(trt_version: tuple[int, ...] | str, precision: str, dla: bool =
     else:
         strongly, explicit = False, major < 10
         flags += precision_flags
+        if precision_flags and trt_table.value(trt_table.row_of(v), "strongly_typed") is not True:
+            # 8.x: the graph's float32 islands are only hints under FP16 unless the layers carry a precision
+            # (the builder pins them) and the config obeys it (issue 14, defect 3)
+            flags.append("OBEY_PRECISION_CONSTRAINTS")
     if dla:
         flags.append("GPU_FALLBACK")
     if version_compatible:
