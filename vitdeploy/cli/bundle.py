@@ -28,6 +28,8 @@ def bundle(
     ),
     references: int = typer.Option(16, help="How many reference images to keep."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
+    target: Optional[str] = typer.Option(None, "--target", help="What the bundle is for (trt8.5, trt8.6, trt10, trt11, ort): every model "
+                                         "must have been made for it. Default: the models' own target."),
 ) -> None:
     """Write a self-contained folder for a Jetson, Triton or DeepStream: ONNX + raw-pixel variants, labels, run.py, build_engine.sh."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -40,7 +42,7 @@ def bundle(
         raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     opts = BundleOptions(
         name=name, precision=precision, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
-        check_images=tuple(check_images or ()), references=references, force=force,
+        check_images=tuple(check_images or ()), references=references, force=force, target=target,
     )
     with Progress(SpinnerColumn(), TextColumn("[bold]bundle[/] {task.description}"), TimeElapsedColumn(),
                   console=err_console, transient=True) as prog:

@@ -27,6 +27,8 @@ def build_engine(
     dla_core: Optional[int] = typer.Option(None, help="Build for this DLA core (Jetson Orin) with GPU fallback; fixed batch."),
     version_compatible: bool = typer.Option(False, "--version-compatible", help="Let newer TensorRT runtimes load the plan (8.6+)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Engine file (default: MODEL.<precision>.engine beside MODEL)."),
+    target: Optional[str] = typer.Option(None, "--target", help="What --fp16/--int8 make the artifact for: trt8.5, trt8.6, trt10, trt11. "
+                                         "Default: the TensorRT found here (else the model's target)."),
 ) -> None:
     """Build a TensorRT engine from an ONNX model whose graph carries the precision.
 
@@ -40,7 +42,7 @@ def build_engine(
     opts = BuildOptions(
         fp16=fp16, int8=int8, calib=calib, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
         workspace=workspace, timing_cache=timing_cache, dla_core=dla_core, version_compatible=version_compatible,
-        out=out,
+        out=out, target=target,
     )
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True) as prog:

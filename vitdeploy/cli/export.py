@@ -30,6 +30,9 @@ def export(
     arch: Optional[str] = typer.Option(None, help="Architecture of a foreign state dict (a timm name such as vit_base_patch16_224)."),
     labels: Optional[Path] = typer.Option(None, help="File of class names, one per line, replacing the checkpoint's."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print node counts by op type and the time of each step."),
+    target: Optional[str] = typer.Option(None, "--target", help="What the ONNX is made for: trt8.5 (LayerNorm in primitive ops: 8.5 "
+                                         "has no LayerNormalization importer), trt8.6, trt10, trt11 or ort. Default: none, the opset-17 "
+                                         "graph TensorRT 8.6+ and ONNX Runtime all read; recorded in the manifest."),
     embed_preprocess: bool = typer.Option(False, "--embed-preprocess", help="Also write MODEL.raw.onnx: uint8 RGB [batch, H, W, 3] "
                                           "in, scaling/mean/std/layout inside the graph (for DeepStream, C++, cameras)."),
 ) -> None:
@@ -48,7 +51,7 @@ def export(
             prog.update(task, info=_STAGES.get(stage, stage))
 
         result = export_onnx(checkpoint, out, opset=opset, check=check, images=images, arch=arch, labels=labels,
-                             progress=on_step)
+                             progress=on_step, target=target)
     if verbose:
         console.print("nodes by op type: " + ", ".join(f"{op} {n}" for op, n in result.node_counts.items()), highlight=False)
         console.print(f"{sum(result.node_counts.values())} nodes; steps: "

@@ -21,11 +21,14 @@ def calibrate(
     batch_size: int = typer.Option(32, help="Calibration batch size."),
     method: str = typer.Option(DEFAULT_METHOD, help="Activation ranges: entropy (KL, TensorRT's legacy calibrator), minmax or percentile (99.99%)."),
     quantize_attention: bool = typer.Option(DEFAULT_QUANTIZE_ATTENTION, "--quantize-attention/--no-quantize-attention", help="Also quantize the two attention matmuls (Q·Kᵀ, P·V)."),
-    float_type: str = typer.Option("fp32", "--float", help="Type of everything left unquantized: fp32 (ONNX Runtime on a CPU) or fp16 (TensorRT)."),
+    float_type: Optional[str] = typer.Option(None, "--float", help="Type of everything left unquantized: fp32 (ONNX Runtime on a CPU) or fp16 (TensorRT). Default: the target's (fp16 for trt*, else fp32)."),
     seed: int = typer.Option(0, help="Seed of the image sample."),
     max_drop: Optional[float] = typer.Option(None, "--max-drop", help="Top-1 drop budget in points against FP32 on --eval; sensitive layers are kept in float until it fits (exit 1 if it cannot)."),
     eval_dir: Optional[Path] = typer.Option(None, "--eval", help="Labeled ImageFolder (or one with val/) to measure FP32 vs INT8 top-1 on."),
     min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="With --eval: also keep layers in float until INT8's top-1 agrees with FP32's on at least this fraction (e.g. 0.99)."),
+    target: Optional[str] = typer.Option(None, "--target", help="What the INT8 model is made for: trt8.5, trt8.6, trt10, trt11 (float16 "
+                                         "Q/DQ scales and GEMMs, opset 19) or ort (also Q·Kᵀ). Default: the model's target, else none "
+                                         "(float32 scales: TensorRT 8.x and CPUs)."),
     backend: str = typer.Option("onnxruntime", "--backend", help="With --eval: the CPU runtime the INT8 model is evaluated on, onnxruntime or openvino (where it will run)."),
 ) -> None:
     """Quantize an ONNX model to INT8 (explicit Q/DQ, the form TensorRT 8.5–11 builds) from calibration images.
@@ -52,7 +55,7 @@ def calibrate(
         result = run_calibrate(
             model, images, out, num_images=num_images, batch_size=batch_size, method=method,
             quantize_attention=quantize_attention, float_type=float_type, seed=seed, max_drop=max_drop,
-            eval_dir=eval_dir, progress=on_event, min_agreement=min_agreement, backend=backend,
+            eval_dir=eval_dir, progress=on_event, min_agreement=min_agreement, backend=backend, target=target,
         )
     for path, why in result.skipped:
         err_console.print(f"skipped {path}: {why}", highlight=False)
@@ -87,9 +90,11 @@ def calibrate(
 def convert_fp16(
     model: Path = typer.Argument(Path("model.onnx"), help="FP32 ONNX model from `vitdeploy export`."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="FP16 model to write (default: MODEL.fp16.onnx beside MODEL)."),
+    target: Optional[str] = typer.Option(None, "--target", help="What the FP16 model is made for: trt8.5 (LayerNorm in primitive ops), "
+                                         "trt8.6, trt10, trt11 or ort. Default: the model's target, else none."),
 ) -> None:
     """Convert an ONNX model to FP16: float16 inside, float32 input/output, LayerNorm/Softmax/reductions in float32."""
     from vitdeploy.stages.precision import convert_fp16 as run_convert
 
-    dest = run_convert(model, out)
+    dest = run_convert(model, out, target=target)
     console.print(f"FP16 (LayerNorm, Softmax and reductions kept in float32) → {dest}", highlight=False)
