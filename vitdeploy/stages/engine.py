@@ -361,12 +361,12 @@ def pin_float32_layers(trt: Any, network: Any, artifact: Path) -> int:
 
     from vitdeploy.graph.fp16 import fp32_islands
 
-    names = tuple(fp32_islands(onnx.load(str(artifact), load_external_data=False)))
+    names = set(fp32_islands(onnx.load(str(artifact), load_external_data=False)))
     kinds = (trt.LayerType.SOFTMAX, trt.LayerType.REDUCE)
     pinned = 0
     for i in range(network.num_layers):
         layer = network.get_layer(i)
-        if layer.type in kinds or any(layer.name == n or layer.name.startswith(n + "_") for n in names):
+        if layer.type in kinds or layer.name in names:  # not the Casts named after them (they change the type)
             layer.precision = trt.float32
             for k in range(layer.num_outputs):
                 layer.set_output_type(k, trt.float32)

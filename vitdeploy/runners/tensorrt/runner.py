@@ -144,7 +144,8 @@ class TensorRTRunner(Runner):
         if m > n:
             b.host_in[n:] = 0
         ctx, cu = self.context, self.cuda
-        ctx.set_input_shape(self.input_name, b.in_shape)
+        if not ctx.set_input_shape(self.input_name, b.in_shape):
+            raise VitdeployError(f"{self.artifact}: TensorRT refused input shape {b.in_shape} (profile {self.profile})")
         ctx.set_tensor_address(self.input_name, b.d_in)
         ctx.set_tensor_address(self.output_name, b.d_out)
         for name in self.extra_outputs:
