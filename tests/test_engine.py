@@ -170,13 +170,13 @@ def test_version_parsing() -> None:
     "version,precision,dla,explicit,strongly,flags",
     [
         ("8.5.2.2", "fp32", False, True, False, ()),
-        ("8.5.2.2", "fp16", False, True, False, ("FP16",)),
-        ("8.6.2", "int8", False, True, False, ("FP16", "INT8")),
+        ("8.5.2.2", "fp16", False, True, False, ("FP16", "OBEY_PRECISION_CONSTRAINTS")),
+        ("8.6.2", "int8", False, True, False, ("FP16", "INT8", "OBEY_PRECISION_CONSTRAINTS")),
         ("9.2.0", "int8", False, True, True, ()),
         ("10.3.0.30", "int8", False, False, True, ()),
         ("10.3.0.30", "fp16", False, False, True, ()),
         ("10.3.0.30", "int8", True, False, False, ("FP16", "INT8", "GPU_FALLBACK")),
-        ("8.5.2.2", "fp16", True, True, False, ("FP16", "GPU_FALLBACK")),
+        ("8.5.2.2", "fp16", True, True, False, ("FP16", "OBEY_PRECISION_CONSTRAINTS", "GPU_FALLBACK")),
         ("11.1.0", "int8", False, False, True, ()),
         ("11.4.1", "fp16", True, False, True, ("GPU_FALLBACK",)),  # 11 has no FP16/INT8 flags at all
     ],

@@ -146,7 +146,7 @@ def test_mock_tensorrt_fp16_artifact_on_8x_sets_fp16_flag_and_dla(mocked: Any) -
     write_linear_onnx(Path("model.fp16.onnx"), precision="fp16")
     calls = mocked["install"]("8.5.2.2")
     build_engine("model.fp16.onnx", BuildOptions(opt_batch=2, dla_core=1))
-    assert [c[1] for c in calls if c[0] == "flag"][:2] == ["FP16", "GPU_FALLBACK"]
+    assert [c[1] for c in calls if c[0] == "flag"][:3] == ["FP16", "OBEY_PRECISION_CONSTRAINTS", "GPU_FALLBACK"]
     assert ("build", "DLA", 1) in calls
     assert ("profile", ("pixel_values", (2, 3, 32, 32), (2, 3, 32, 32), (2, 3, 32, 32))) in calls
 
