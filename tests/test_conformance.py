@@ -489,3 +489,32 @@ def test_target_errors_are_one_line(made: Any, digits_ckpt: Path, tmp_path: Path
         bundle([made(None)["fp32"]], tmp_path / "b", BundleOptions(target="trt8.5"))
     assert "made for no target (the default), the bundle is for trt8.5" in str(e.value)
     assert "vitdeploy export" in str(e.value) and "--target trt8.5" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("version", "target", "kind"), [("8.5.2.2", "trt8.5", "fp16"), ("10.3.0", "trt10", "int8")])
+def test_build_engine_makes_the_artifact_for_the_tensorrt_it_finds(made: Any, digits_folder: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch, version: str,
+                                                                   target: str, kind: str) -> None:
+    """build-engine --fp16/--int8 from the default export, through the facts-built mock: the artifact is made for the
+    TensorRT found (8.5: LayerNorm spelled out, which 8.5's parser needs; 10: float16 scales) and the engine builds.
+    Asking for another target there is one line naming both."""
+    from test_engine_mock_tensorrt import FakeHostCuda
+
+    from vitdeploy.core.errors import VitdeployError
+    from vitdeploy.runners.tensorrt import cuda
+    from vitdeploy.stages.engine import BuildOptions, build_engine
+
+    shutil.copy(made(None)["fp32"], tmp_path / "model.onnx")
+    calls: list[tuple] = []
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(version, calls))
+    monkeypatch.setattr(cuda, "CudaRuntime", lambda *a, **k: FakeHostCuda())
+    other = "trt10" if target == "trt8.5" else "trt8.5"
+    with pytest.raises(VitdeployError) as e:
+        build_engine(tmp_path / "model.onnx", BuildOptions(fp16=True, target=other, calib=digits_folder / "train"))
+    assert f"--target {other}" in str(e.value) and f"({target})" in str(e.value) and "\n" not in str(e.value)
+    assert not list(tmp_path.glob("model.*.onnx"))
+    res = build_engine(tmp_path / "model.onnx", BuildOptions(fp16=kind == "fp16", int8=kind == "int8",
+                                                           calib=digits_folder / "train"))
+    assert res.engine.exists() and read_onnx_manifest(res.artifact).target == target
+    assert not _findings(res.artifact, target)
+    assert any(c[0] == "build" for c in calls) and any(c[0] == "parse" for c in calls)
