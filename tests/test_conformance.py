@@ -518,3 +518,28 @@ def test_build_engine_makes_the_artifact_for_the_tensorrt_it_finds(made: Any, di
     assert res.engine.exists() and read_onnx_manifest(res.artifact).target == target
     assert not _findings(res.artifact, target)
     assert any(c[0] == "build" for c in calls) and any(c[0] == "parse" for c in calls)
+
+
+def test_calibrate_and_convert_cli_take_target(made: Any, digits_folder: Path, tmp_path: Path) -> None:
+    """`calibrate --target trt10` writes float16 parts and scales (the target's --float); `--float fp32` with it is
+    refused in one line; `convert-fp16 --target trt8.5` spells LayerNorm out; the target is in each manifest."""
+    from typer.testing import CliRunner
+
+    from vitdeploy.cli import app
+
+    src = str(made(None)["fp32"])
+    out = tmp_path / "m.int8.onnx"
+    r = CliRunner().invoke(app, ["calibrate", src, "--images", str(digits_folder / "train"), "--num-images", "48",
+                                 "-o", str(out), "--target", "trt10"])
+    assert r.exit_code == 0, r.output
+    man = read_onnx_manifest(out)
+    assert man.target == "trt10" and man.extra["float_type"] == "fp16" and man.extra["quantization"]["scales"] == "float16"
+    assert cf.check_int8_intent(out, "trt10").ok
+    r = CliRunner().invoke(app, ["calibrate", src, "--images", str(digits_folder / "train"), "-o",
+                                 str(tmp_path / "x.int8.onnx"), "--target", "trt11", "--float", "fp32"])
+    assert r.exit_code == 2 and "--target trt11 builds strongly typed" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "x.int8.onnx").exists()
+    r = CliRunner().invoke(app, ["convert-fp16", src, "-o", str(tmp_path / "m.fp16.onnx"), "--target", "trt8.5"])
+    assert r.exit_code == 0, r.output
+    assert read_onnx_manifest(tmp_path / "m.fp16.onnx").target == "trt8.5"
+    assert cf.check_onnx(tmp_path / "m.fp16.onnx", "trt8.5").ok
