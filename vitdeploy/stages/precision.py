@@ -454,6 +454,12 @@ def calibrate(
             figs = figures(ref, logits(qmodel, ev.x, backend=backend), ev.y).to_dict()
             if guard_info is not None:
                 guard_info["written"] = figs
+            if (max_drop is not None and figs["drop_points"] > max_drop) or (
+                    min_agreement is not None and figs["agreement"] < min_agreement):
+                raise VitdeployError(
+                    f"the float16 INT8 model for {target} misses the budget (top-1 drop {figs['drop_points']} points, "
+                    f"agreement {figs['agreement']}) although its float32 form met it; nothing written: loosen "
+                    "--max-drop/--min-agreement or use FP16")
     elif float_type == "fp16":
         # the quantized layers stay float32 so each DequantizeLinear feeds its MatMul/Conv directly (TensorRT fuses
         # that pair into an int8 kernel); Casts go before the QuantizeLinear and after the layer
