@@ -9,7 +9,7 @@ import numpy as np
 
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.core.host import available_cores
-from vitdeploy.core.manifest import read_onnx_manifest
+from vitdeploy.core.manifest import Manifest, read_onnx_manifest
 from vitdeploy.runners.base import Runner
 
 
@@ -29,12 +29,15 @@ def session_options(threads: int | None = None) -> Any:
 class OnnxRuntimeRunner(Runner):
     backend = "onnxruntime"
 
-    def __init__(self, path: str | Path, providers: list[str] | None = None, threads: int | None = None) -> None:
+    def __init__(self, path: str | Path, providers: list[str] | None = None, threads: int | None = None,
+                 manifest: Manifest | None = None) -> None:
+        """``manifest``: the model's, where the caller has read it already (the file is then read by ONNX Runtime only)."""
         try:
             import onnxruntime as ort
         except ImportError:
             raise VitdeployError("onnxruntime is not installed: pip install 'vitdeploy[cpu]' (or [gpu])") from None
-        manifest = read_onnx_manifest(path)
+        if manifest is None:
+            manifest = read_onnx_manifest(path)
         super().__init__(manifest, path)
         avail = ort.get_available_providers()
         providers = [p for p in (providers or ["CPUExecutionProvider"]) if p in avail] or ["CPUExecutionProvider"]

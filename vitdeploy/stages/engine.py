@@ -20,7 +20,7 @@ from typing import Any
 
 from vitdeploy.core.errors import PartlyDone, UsageError, VitdeployError
 from vitdeploy.core.fileio import atomic_path, sha256_file
-from vitdeploy.core.manifest import Manifest, read_onnx_manifest, sidecar_path, tool_versions
+from vitdeploy.core.manifest import Manifest, manifest_from_onnx, sidecar_path, tool_versions
 from vitdeploy.core.targets import CPU_TARGETS, target_facts, target_of_version
 from vitdeploy.runners.tensorrt.versions import (
     ArtifactPlan,
@@ -114,33 +114,45 @@ def probe(device: int = 0) -> TensorRTEnv:
 # ---------------------------------------------------------------- the ONNX input
 
 
-def onnx_opset(path: Path) -> int:
+@dataclass
+class OnnxFacts:
+    """What build-engine needs of an ONNX file, from one read: the graph (weights included unless stored as
+    external data), its manifest, opset and image input."""
+
+    path: Path
+    model: Any
+    manifest: Manifest
+    opset: int
+    input_name: str
+    dims: list[int]  # -1 for the symbolic batch; a symbolic H, W is the manifest's size
+
+
+def read_onnx_facts(path: Path) -> OnnxFacts:
+    """Read ``path`` once (external data left on disk) and take everything build-engine asks of it."""
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
-    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:
+        raise VitdeployError(f"{path}: not a readable ONNX model ({type(e).__name__}); re-export it") from None
+    return onnx_facts(model, path)
 
 
-def onnx_input(path: Path) -> tuple[str, list[int]]:
-    """The model's (first) input name and dims, -1 for symbolic ones (the batch)."""
-    import onnx
+def onnx_facts(model: Any, path: Path) -> OnnxFacts:
+    """The facts of a graph already in memory (``path`` names it in errors)."""
+    from vitdeploy.graph.edit import opset
 
-    model = onnx.load(str(path), load_external_data=False)
+    manifest = manifest_from_onnx(model, path)
     inits = {i.name for i in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in inits]
     if len(inputs) != 1:
         raise VitdeployError(f"{path}: expected one image input, found {len(inputs)}; re-export it with `vitdeploy export`")
     inp = inputs[0]
     dims = [d.dim_value if d.HasField("dim_value") else -1 for d in inp.type.tensor_type.shape.dim]
-    return inp.name, dims
-
-
-def input_dims(path: Path, manifest: Manifest) -> tuple[str, list[int]]:
-    name, dims = onnx_input(path)
     if len(dims) == 4 and dims[1] in (-1, 3) and -1 in dims[2:]:  # symbolic H, W: the manifest's size
         h, w = manifest.input_size
         dims = [dims[0], 3, h, w]
-    return name, dims
+    return OnnxFacts(path, model, manifest, opset(model), inp.name, dims)
 
 
 # ---------------------------------------------------------------- the command
@@ -169,7 +181,8 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
             target_facts(o.target)
         except ValueError as e:
             raise UsageError(f"--target: {e}") from None
-    manifest = read_onnx_manifest(model)
+    source = read_onnx_facts(model)  # the one read of the source: manifest, opset and input come from it
+    manifest = source.manifest
     plan = plan_artifact(model, manifest.precision, o.fp16, o.int8, o.out, o.dla_core)
     if plan.make == "int8" and not Path(o.calib).is_dir():
         raise VitdeployError(
@@ -199,51 +212,55 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
     elif target is None:
         target = manifest.target
     if env.missing is None:  # a parser that cannot read the opset: say so before calibrating or building
-        problem = opset_problem(onnx_opset(plan.source), env.version or "0")
+        problem = opset_problem(source.opset, env.version or "0")
         if problem:
             raise VitdeployError(f"{plan.artifact}: {problem}")
-    made = make_artifact(plan, Path(o.calib), emit, target)
-    name, dims = input_dims(plan.artifact, read_onnx_manifest(plan.artifact))
-    opset = onnx_opset(plan.artifact)
+    made, art = make_artifact(plan, source, Path(o.calib), emit, target)
     if env.missing is not None:
-        cmds = finish_commands(plan.artifact, plan.engine, name, dims, profile, plan.precision, o.workspace,
-                               o.timing_cache, o.dla_core, o.version_compatible, opset)
+        cmds = finish_commands(plan.artifact, plan.engine, art.input_name, art.dims, profile, plan.precision,
+                               o.workspace, o.timing_cache, o.dla_core, o.version_compatible, art.opset)
         raise EngineNotBuilt(plan.artifact, made, env.missing, cmds)
-    problem = opset_problem(opset, env.version or "0")
+    problem = opset_problem(art.opset, env.version or "0")
     if problem:
         raise VitdeployError(f"{plan.artifact} is written, but {problem}")
-    return compile_engine(plan, env, profile, name, dims, o, emit, made)
+    return compile_engine(plan, art, env, profile, o, emit, made)
 
 
-def make_artifact(plan: ArtifactPlan, calib: Path, emit: Event, target: str | None = None) -> dict[str, Any] | None:
+def make_artifact(plan: ArtifactPlan, source: OnnxFacts, calib: Path, emit: Event,
+                  target: str | None = None) -> tuple[dict[str, Any] | None, OnnxFacts]:
     """Write the FP16 or INT8 ONNX the engine is built from (vitdeploy.stages.precision), then check it against its source.
 
-    Returns None when the artifact is built as it is; else what was made: skipped calibration images,
-    warnings, and the check (top-1 agreement and largest logit difference against the FP32 model on
-    the calibration images, under ONNX Runtime).
+    ``source`` is the model as build-engine read it: the precision step works on that graph (the file is not
+    read again) and may change it. Returns what was made (None when the artifact is built as it is: skipped
+    calibration images, warnings, and the check: top-1 agreement and largest logit difference against the
+    FP32 model on the calibration images, under ONNX Runtime) and the facts of the artifact to build.
     """
     if plan.make is None:
-        return None
+        return None, source
     try:
         precision = importlib.import_module("vitdeploy.stages.precision")  # issue 4's module: calibrate, convert_fp16
     except ImportError:
         raise VitdeployError("this vitdeploy has no precision module: update vitdeploy") from None
     emit("artifact", {"kind": plan.make, "path": str(plan.artifact)})
     made: dict[str, Any] = {"kind": plan.make, "path": str(plan.artifact), "skipped": [], "warnings": []}
+    source_manifest = source.manifest  # read before the precision step changes the graph in place
     if plan.make == "int8":  # FP16 for the unquantized parts; for trt10/trt11 with float16 scales (the target's)
         res = precision.calibrate(plan.source, calib, plan.artifact, float_type="fp16",
-                                  progress=lambda kind, d: emit(kind, d), target=target)
+                                  progress=lambda kind, d: emit(kind, d), target=target, loaded=source.model)
         made["skipped"] = [(str(p), why) for p, why in res.skipped]
         made["warnings"] = list(res.warnings)
+        written = res.model
     else:
-        precision.convert_fp16(plan.source, plan.artifact, target=target)
+        written = precision.fp16_artifact(plan.source, plan.artifact, target=target, loaded=source.model).model
+    art = onnx_facts(written, plan.artifact)
     emit("check", {"path": str(plan.artifact)})
-    made["check"] = compare_artifacts(plan.source, plan.artifact, calib)
+    made["check"] = compare_artifacts(plan.source, plan.artifact, calib, source_manifest, art.manifest)
     emit("artifact-done", made)
-    return made
+    return made, art
 
 
-def compare_artifacts(reference: Path, candidate: Path, images: Path, limit: int = 64) -> dict[str, Any] | None:
+def compare_artifacts(reference: Path, candidate: Path, images: Path, ref_manifest: Manifest | None = None,
+                      cand_manifest: Manifest | None = None, limit: int = 64) -> dict[str, Any] | None:
     """How closely ``candidate`` answers like ``reference`` on up to ``limit`` images (ONNX Runtime, CPU).
 
     None where there are no images to compare on. Labels are not needed: this is agreement, not accuracy.
@@ -257,7 +274,7 @@ def compare_artifacts(reference: Path, candidate: Path, images: Path, limit: int
     files = list_images(images)[:limit] if Path(images).is_dir() else []
     if not files:
         return None
-    ref, cand = OnnxRuntimeRunner(reference), OnnxRuntimeRunner(candidate)
+    ref, cand = OnnxRuntimeRunner(reference, manifest=ref_manifest), OnnxRuntimeRunner(candidate, manifest=cand_manifest)
     a: list[np.ndarray] = []
     b: list[np.ndarray] = []
     for batch in iter_batches(files, ref.manifest.pp(), 32):
@@ -279,11 +296,12 @@ def _logger(trt: Any) -> Any:
     return trt.Logger(trt.Logger.WARNING)
 
 
-def compile_engine(plan: ArtifactPlan, env: TensorRTEnv, profile: Profile, input_name: str, dims: list[int],
-                   o: BuildOptions, emit: Event, made: dict[str, Any] | None = None) -> BuildResult:
+def compile_engine(plan: ArtifactPlan, art: OnnxFacts, env: TensorRTEnv, profile: Profile, o: BuildOptions,
+                   emit: Event, made: dict[str, Any] | None = None) -> BuildResult:
     """Parse the artifact, build one plan, write it and its sidecar atomically (and the timing cache)."""
     import tensorrt as trt
 
+    input_name, dims = art.input_name, art.dims
     version = str(trt.__version__)
     nplan = network_plan(version, plan.precision, o.dla_core is not None, o.version_compatible)
     logger = trt.Logger(trt.Logger.WARNING)
@@ -302,7 +320,7 @@ def compile_engine(plan: ArtifactPlan, env: TensorRTEnv, profile: Profile, input
     for flag in nplan.builder_flags:
         config.set_flag(getattr(trt.BuilderFlag, flag))
     if "OBEY_PRECISION_CONSTRAINTS" in nplan.builder_flags:
-        pinned = pin_float32_layers(trt, network, plan.artifact)
+        pinned = pin_float32_layers(trt, network, art.model)
         emit("pinned", {"layers": pinned})
     if o.dla_core is not None:
         config.default_device_type = trt.DeviceType.DLA
@@ -337,8 +355,7 @@ def compile_engine(plan: ArtifactPlan, env: TensorRTEnv, profile: Profile, input
     record["built_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     if made and made.get("check"):
         record["artifact_check"] = made["check"]  # the artifact against FP32 under ONNX Runtime, before the build
-    manifest = read_onnx_manifest(plan.artifact)
-    side = sidecar_manifest(manifest, record, plan.artifact)
+    side = sidecar_manifest(art.manifest, record, plan.artifact)
     sidecar = sidecar_path(plan.engine)
     with atomic_path(plan.engine) as tmp_engine, atomic_path(sidecar) as tmp_side:
         with open(tmp_engine, "wb") as f:
@@ -352,16 +369,14 @@ def compile_engine(plan: ArtifactPlan, env: TensorRTEnv, profile: Profile, input
     return BuildResult(plan.engine, sidecar, plan.artifact, record, made)
 
 
-def pin_float32_layers(trt: Any, network: Any, artifact: Path) -> int:
+def pin_float32_layers(trt: Any, network: Any, model: Any) -> int:
     """On a weakly typed (8.x) FP16/INT8 build, make the graph's float32 islands binding: every Softmax and reduction
     layer and every layer of a LayerNorm (one op, or spelled out for 8.5) computes and outputs FP32 (with
     OBEY_PRECISION_CONSTRAINTS set). Layers are matched to ONNX nodes by name, as onnx-tensorrt names them.
-    Returns how many layers were pinned."""
-    import onnx
-
+    ``model`` is the artifact's graph (onnx.ModelProto). Returns how many layers were pinned."""
     from vitdeploy.graph.fp16 import fp32_islands
 
-    names = set(fp32_islands(onnx.load(str(artifact), load_external_data=False)))
+    names = set(fp32_islands(model))
     kinds = (trt.LayerType.SOFTMAX, trt.LayerType.REDUCE)
     pinned = 0
     for i in range(network.num_layers):

@@ -44,6 +44,7 @@ class CalibrationResult:
     images: int
     skipped: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    model: Any = None  # the onnx.ModelProto written, for a caller that goes on with it (build-engine)
 
 
 def default_out(model_onnx: str | Path, precision: str) -> Path:
@@ -62,14 +63,23 @@ def cache_path(out: str | Path) -> Path:
     return o.with_name(o.name[: -len(".onnx")] + ".calib.json" if o.name.endswith(".onnx") else o.name + ".calib.json")
 
 
-def _load(model_onnx: str | Path) -> tuple[Any, Manifest]:
+def _load(model_onnx: str | Path, loaded: Any = None) -> tuple[Any, Manifest]:
+    """The model and its manifest; ``loaded``: the graph of ``model_onnx`` a caller has read already (the file is
+    then not read again; tensors it left in external data are read from beside it). It may be changed in place."""
     import onnx
 
     p = Path(model_onnx)
     if not p.is_file():
         raise VitdeployError(f"{p}: no such ONNX model; export one with `vitdeploy export`")
     try:
-        model = onnx.load(str(p))
+        if loaded is None:
+            model = onnx.load(str(p))
+        else:
+            from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+            model = loaded
+            if any(uses_external_data(t) for t in model.graph.initializer):
+                load_external_data_for_model(model, str(p.parent))
     except Exception as e:
         raise VitdeployError(f"{p}: not a readable ONNX model ({type(e).__name__}); re-export it") from None
     manifest = manifest_from_onnx(model, p)
@@ -102,12 +112,24 @@ def convert_fp16(model_onnx: str | Path = "model.onnx", out: str | Path | None =
     ``target``: what the artifact is made for (default: the source's target, else none: the graph TensorRT 8.6,
     10, 11 and ONNX Runtime read). For ``trt8.5`` LayerNorm is spelled out in primitive ops (kept in float32).
     """
+    return fp16_artifact(model_onnx, out, target).path
+
+
+@dataclass
+class Fp16Result:
+    path: Path
+    model: Any  # the onnx.ModelProto written
+
+
+def fp16_artifact(model_onnx: str | Path = "model.onnx", out: str | Path | None = None, target: str | None = None,
+                  loaded: Any = None) -> Fp16Result:
+    """convert_fp16, for a caller that has read the source already (``loaded``) and goes on with the result."""
     from vitdeploy.graph.fp16 import FP32_OPS, fp32_islands, to_fp16
     from vitdeploy.graph.quantize import is_fp16, is_quantized
 
     src = Path(model_onnx)
     check_target(target)
-    model, manifest = _load(src)
+    model, manifest = _load(src, loaded)
     if manifest.precision == "fp16" or is_fp16(model):
         raise VitdeployError(f"{src} is already FP16: convert the FP32 model (e.g. model.onnx)")
     if manifest.precision == "int8" or is_quantized(model):
@@ -126,7 +148,7 @@ def convert_fp16(model_onnx: str | Path = "model.onnx", out: str | Path | None =
         versions=tool_versions("onnx", "onnxruntime"),
     )
     _save(m16, derived, dest)
-    return dest
+    return Fp16Result(dest, m16)
 
 
 def check_target(target: str | None) -> TargetFacts | None:
@@ -258,12 +280,12 @@ def _check_options(
         raise VitdeployError(f"--min-agreement is a fraction from 0 to 1, not {min_agreement}")
 
 
-def _fp32_source(src: Path) -> tuple[Any, Manifest]:
+def _fp32_source(src: Path, loaded: Any = None) -> tuple[Any, Manifest]:
     """The FP32 model to calibrate and its manifest; a quantized, FP16 or pre-13 opset model is refused."""
     from vitdeploy.graph.edit import opset
     from vitdeploy.graph.quantize import is_fp16, is_quantized
 
-    model, manifest = _load(src)
+    model, manifest = _load(src, loaded)
     if manifest.precision == "int8" or is_quantized(model):
         raise VitdeployError(f"{src} is already quantized (INT8 Q/DQ): calibrate the FP32 model (e.g. model.onnx)")
     if manifest.precision == "fp16" or is_fp16(model):
@@ -374,6 +396,7 @@ def calibrate(
     min_agreement: float | None = None,
     target: str | None = None,
     backend: str = "onnxruntime",
+    loaded: Any = None,
 ) -> CalibrationResult:
     """Quantize an FP32 ONNX model to explicit int8 Q/DQ from calibration images; optionally guard its accuracy.
 
@@ -389,7 +412,8 @@ def calibrate(
     ``trt11`` (strongly typed builds that read float16 DequantizeLinear scales) the model goes to opset 19 and the
     Q/DQ pairs, their scales and the quantized GEMMs are float16, so no Cast sits next to a quantized GEMM; for
     ``trt8.5`` LayerNorm is spelled out in primitive ops. ``backend``: the CPU runtime the guard evaluates the INT8 model on (onnxruntime or
-    openvino: where it will run).
+    openvino: where it will run). ``loaded``: the graph of ``model_onnx`` a caller has read already (build-engine),
+    so the file is not read again; it may be changed in place.
     """
     from vitdeploy.graph.edit import opset
     from vitdeploy.graph.fp16 import to_fp16
@@ -404,7 +428,7 @@ def calibrate(
 
         import_openvino()  # one line saying how to install it
     src = Path(model_onnx)
-    model, manifest = _fp32_source(src)
+    model, manifest = _fp32_source(src, loaded)
     target = target or manifest.target
     facts = check_target(target)
     if float_type is None:
@@ -487,5 +511,6 @@ def calibrate(
         images=n_read,
         skipped=skipped,
         warnings=warnings,
+        model=qmodel,
     )
 
