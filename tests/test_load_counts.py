@@ -14,7 +14,6 @@ from typing import Any
 import onnx
 import onnxruntime as ort
 import pytest
-
 from test_embed import export_onnx_for_tests
 
 from vitdeploy.stages.engine import BuildOptions, EngineNotBuilt, build_engine
