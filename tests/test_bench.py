@@ -113,8 +113,8 @@ def test_rows_for_and_errors(digits_models: tuple[Path, Path], tmp_path: Path) -
         (["benchmark", str(ckpt), "--batch-sizes", "a,b"], 2, "comma-separated"),
         (["benchmark", str(ckpt), "--iterations", "2", "--seconds", "1"], 2, "not both"),
         (["benchmark", str(tmp_path / "missing.onnx")], 1, "no such file"),
-        (["benchmark", str(ckpt), "--backends", "tensorflow"], 1, "unknown backend"),
-        (["benchmark", "--preset", "vit-gigantic"], 1, "unknown preset"),
+        (["benchmark", str(ckpt), "--backends", "tensorflow"], 2, "unknown backend"),
+        (["benchmark", "--preset", "vit-gigantic"], 2, "unknown preset"),
     ]
     for args, code, msg in cases:
         r = cli.invoke(app, args)

@@ -235,7 +235,7 @@ def test_export_is_atomic_and_bad_checkpoints_are_one_line(digits_ckpt: Path, tm
         assert len(err) == 1 and err[0].startswith("error:") and words in err[0], err
     for opset in (16, max_supported_opset() + 1):
         r = cli.invoke(app, ["export", str(digits_ckpt), "-o", str(out), "--opset", str(opset)])
-        assert r.exit_code == 1 and "--opset" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
+        assert r.exit_code == 2 and "--opset" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
     assert out.read_bytes() == good  # the earlier model is untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "plain.pth", "sd.pth", "trunc.pth"]  # no temp files
 

@@ -48,9 +48,7 @@ class Tolerance:
         rtol: float | None = None
         agreement = 1.0
         try:
-            if "=" not in text:
-                return cls(float(text), 1.0)
-            for part in text.split(","):
+            for part in (text if "=" in text else f"rtol={text}").split(","):
                 k, _, v = part.partition("=")
                 k = k.strip().lower()
                 if k in ("rtol", "logit", "diff"):
@@ -65,6 +63,8 @@ class Tolerance:
             ) from None
         if not 0.0 <= agreement <= 1.0:
             raise UsageError(f"--tolerance {text!r}: agreement must be a fraction from 0 to 1 (or a percentage)")
+        if rtol is not None and not rtol >= 0.0:  # also NaN
+            raise UsageError(f"--tolerance {text!r}: the relative logit limit must be 0 or more (e.g. 1e-3), or rtol=none")
         return cls(rtol, agreement)
 
 

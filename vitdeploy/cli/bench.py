@@ -43,10 +43,10 @@ def benchmark(
     preset: Optional[str] = typer.Option(None, help="Without MODEL: build a random-weight model of this preset, its FP32, FP16 and INT8 ONNX, and measure them all (see `vitdeploy presets`)."),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="Comma-separated batch sizes."),
     backends: Optional[str] = typer.Option(None, help="Comma-separated backends to measure (torch, onnxruntime, openvino, tensorrt). Default: every installed backend that can run each artifact."),
-    warmup: int = typer.Option(3, help="Untimed calls per row and batch size before measuring."),
-    iterations: Optional[int] = typer.Option(None, help="Timed calls per row and batch size."),
-    seconds: Optional[float] = typer.Option(None, help="Seconds per row and batch size (default 5 unless --iterations)."),
-    threads: Optional[int] = typer.Option(None, help="Threads for torch, ONNX Runtime and OpenVINO (default: one per core)."),
+    warmup: int = typer.Option(3, min=0, help="Untimed calls per row and batch size before measuring."),
+    iterations: Optional[int] = typer.Option(None, min=1, help="Timed calls per row and batch size."),
+    seconds: Optional[float] = typer.Option(None, min=0.0, help="Seconds per row and batch size (default 5 unless --iterations)."),
+    threads: Optional[int] = typer.Option(None, min=1, help="Threads for torch, ONNX Runtime and OpenVINO (default: one per core)."),
     device: str = typer.Option("cpu", help="cpu or cuda, for torch and ONNX Runtime rows (engines always run on the GPU)."),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Write {\"results\": [...], \"machine\", \"versions\", ...} to FILE."),
     keep: Optional[Path] = typer.Option(None, help="With --preset: keep the generated artifacts in this folder."),
@@ -74,7 +74,7 @@ def benchmark(
     if not models and not preset:
         raise UsageError("nothing to measure: pass MODEL paths or --preset NAME (e.g. --preset vit-small)")
     with Progress(SpinnerColumn(), TextColumn("[bold]benchmark[/] {task.description}"), TimeElapsedColumn(),
-                  console=err_console, transient=True) as prog:
+                  console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
         task = prog.add_task("starting")
 
         def say(msg: str) -> None:

@@ -20,13 +20,13 @@ def bundle(
     out: Path = typer.Option(Path("bundle"), "--out", "-o", help="Folder to write (replaced only with --force, and only when complete)."),
     precision: Optional[str] = typer.Option(None, help="Precision the engine, run.py, Triton and DeepStream use (default: int8, else fp16, else fp32)."),
     name: Optional[str] = typer.Option(None, help="Triton model name (default: the manifest's name)."),
-    min_batch: int = typer.Option(1, help="Engine profile: smallest batch."),
-    opt_batch: int = typer.Option(8, help="Engine profile: the batch TensorRT tunes for; DeepStream's batch-size."),
-    max_batch: int = typer.Option(32, help="Engine profile: largest batch; Triton's max_batch_size."),
+    min_batch: int = typer.Option(1, min=1, help="Engine profile: smallest batch."),
+    opt_batch: int = typer.Option(8, min=1, help="Engine profile: the batch TensorRT tunes for; DeepStream's batch-size."),
+    max_batch: int = typer.Option(32, min=1, help="Engine profile: largest batch; Triton's max_batch_size."),
     check_images: Optional[list[Path]] = typer.Option(
         None, help="Images (files or folders) for the reference logits run.py --check compares against. Default: calibration/."
     ),
-    references: int = typer.Option(16, help="How many reference images to keep."),
+    references: int = typer.Option(16, min=1, help="How many reference images to keep."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
     target: Optional[str] = typer.Option(None, "--target", help="What the bundle is for (trt8.5, trt8.6, trt10, trt11, ort): every model "
                                          "must have been made for it. Default: the models' own target."),
@@ -45,7 +45,7 @@ def bundle(
         check_images=tuple(check_images or ()), references=references, force=force, target=target,
     )
     with Progress(SpinnerColumn(), TextColumn("[bold]bundle[/] {task.description}"), TimeElapsedColumn(),
-                  console=err_console, transient=True) as prog:
+                  console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
         task = prog.add_task("starting", total=None)
         result = make_bundle(models or [], out, opts, progress=lambda msg: prog.update(task, description=msg))
     errs = ", ".join(f"{p} {e:.1e}" for p, e in result.embed_errors.items())

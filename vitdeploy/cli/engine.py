@@ -19,12 +19,12 @@ def build_engine(
     int8: bool = typer.Option(False, "--int8", help="Calibrate MODEL.int8.onnx first (Q/DQ INT8, FP16 for the rest) and build "
                               "that. With --fp16 too: the same (INT8 with FP16 for the unquantized parts)."),
     calib: Path = typer.Option(Path("calibration"), help="Folder of calibration images for --int8."),
-    min_batch: int = typer.Option(1, help="Smallest batch of the optimization profile."),
-    opt_batch: int = typer.Option(8, help="Batch TensorRT tunes for (with --dla-core: the one fixed batch)."),
-    max_batch: int = typer.Option(32, help="Largest batch; the runner splits larger ones."),
-    workspace: Optional[float] = typer.Option(None, help="Builder workspace limit in GiB (default: TensorRT's)."),
+    min_batch: int = typer.Option(1, min=1, help="Smallest batch of the optimization profile."),
+    opt_batch: int = typer.Option(8, min=1, help="Batch TensorRT tunes for (with --dla-core: the one fixed batch)."),
+    max_batch: int = typer.Option(32, min=1, help="Largest batch; the runner splits larger ones."),
+    workspace: Optional[float] = typer.Option(None, min=0.0, help="Builder workspace limit in GiB (default: TensorRT's)."),
     timing_cache: Optional[Path] = typer.Option(None, help="Timing cache to read and update (per device and TensorRT version)."),
-    dla_core: Optional[int] = typer.Option(None, help="Build for this DLA core (Jetson Orin) with GPU fallback; fixed batch."),
+    dla_core: Optional[int] = typer.Option(None, min=0, help="Build for this DLA core (Jetson Orin) with GPU fallback; fixed batch."),
     version_compatible: bool = typer.Option(False, "--version-compatible", help="Let newer TensorRT runtimes load the plan (8.6+)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Engine file (default: MODEL.<precision>.engine beside MODEL)."),
     target: Optional[str] = typer.Option(None, "--target", help="What --fp16/--int8 make the artifact for: trt8.5, trt8.6, trt10, trt11. "
@@ -45,7 +45,7 @@ def build_engine(
         out=out, target=target,
     )
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, transient=True) as prog:
+                  TimeElapsedColumn(), console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
         task = prog.add_task("build-engine", total=None)
 
         def on_event(kind: str, d: dict) -> None:

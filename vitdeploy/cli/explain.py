@@ -22,9 +22,9 @@ def explain(
     out_dir: Path = typer.Option(Path("attention"), "--out", "-o", help="Folder for the PNGs (<image name>.attention.png)."),
     method: str = typer.Option("rollout", help="rollout (all blocks, Abnar & Zuidema 2020) or last-layer."),
     head_fusion: str = typer.Option("mean", help="How the heads of a block combine: mean, max or min."),
-    discard_ratio: float = typer.Option(0.0, help="Share of the lowest attention weights zeroed per block, in [0, 1)."),
-    top_k: int = typer.Option(3, help="Predictions shown in the caption."),
-    threads: Optional[int] = typer.Option(None, help="ONNX Runtime threads (default: one per core)."),
+    discard_ratio: float = typer.Option(0.0, min=0.0, max=1.0, help="Share of the lowest attention weights zeroed per block, in [0, 1)."),
+    top_k: int = typer.Option(3, min=1, help="Predictions shown in the caption."),
+    threads: Optional[int] = typer.Option(None, min=1, help="ONNX Runtime threads (default: one per core)."),
     compare: Optional[list[Path]] = typer.Option(None, "--compare", help="Also explain this copy (e.g. model.int8.onnx; repeatable) into DIR/<its name>/ and measure how closely its maps follow --model's."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="With --compare: write the comparison to FILE."),
 ) -> None:
@@ -45,7 +45,7 @@ def explain(
     dirs = [out_dir / (c.name[: -len(c.suffix)] if c.suffix else c.name) for c in others]
     with Progress(
         TextColumn("[bold]explain"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err_console, transient=True,
+        console=err_console, transient=True, disable=not err_console.is_terminal,
     ) as prog:
         task = prog.add_task("explain", total=(total * (1 + len(others))) or None)
         run = functools.partial(

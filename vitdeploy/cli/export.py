@@ -43,7 +43,7 @@ def export(
 
     with Progress(
         SpinnerColumn(), TextColumn("[bold]export"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-        console=err_console, transient=True,
+        console=err_console, transient=True, disable=not err_console.is_terminal,
     ) as prog:
         task = prog.add_task("export", total=None, info="")
 

@@ -17,11 +17,11 @@ def infer(
     images: list[Path] = typer.Argument(..., help="Image files and folders (recursive; .jpg .jpeg .png .bmp .gif .tif .tiff .webp, any case; other and hidden files are ignored)."),
     model: Optional[Path] = typer.Option(None, "--model", "-m", help="Checkpoint, ONNX model or engine. Default: the newest usable one here (engine where TensorRT and a GPU are, else model.int8.onnx, model.onnx, model.fp16.onnx, else ckpt.pth)."),
     backend: str = typer.Option("auto", help="auto (the fastest installed for the artifact: OpenVINO for ONNX on a CPU where installed), torch, onnxruntime, openvino or tensorrt."),
-    batch_size: int = typer.Option(8, "--batch-size", "-b", help="Images per model call."),
-    top_k: int = typer.Option(5, "--top-k", "-k", help="Classes to report per image (clamped to the number of classes)."),
+    batch_size: int = typer.Option(8, "--batch-size", "-b", min=1, help="Images per model call."),
+    top_k: int = typer.Option(5, "--top-k", "-k", min=1, help="Classes to report per image (clamped to the number of classes)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the results to FILE.csv or FILE.json instead of a table."),
-    threads: Optional[int] = typer.Option(None, help="Inference threads (default: one per core)."),
-    workers: Optional[int] = typer.Option(None, help="Reader threads decoding images ahead of the model (default: cores, at most 4)."),
+    threads: Optional[int] = typer.Option(None, min=1, help="Inference threads (default: one per core)."),
+    workers: Optional[int] = typer.Option(None, min=1, help="Reader threads decoding images ahead of the model (default: cores, at most 4)."),
 ) -> None:
     """Classify images: top-k labels and scores per image; unreadable files are named and skipped (exit 3)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -41,7 +41,7 @@ def infer(
     try:
         with Progress(
             TextColumn("[bold]infer"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(), console=err_console, transient=True,
+            TimeElapsedColumn(), console=err_console, transient=True, disable=not err_console.is_terminal,
         ) as prog:
             task = prog.add_task("infer", total=len(paths), info="")
             t0 = [0.0]

@@ -17,15 +17,15 @@ def calibrate(
     model: Path = typer.Argument(Path("model.onnx"), help="FP32 ONNX model from `vitdeploy export`."),
     images: Path = typer.Option(Path("calibration"), "--images", help="Folder of calibration images (any size; preprocessed as the model's manifest says)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="INT8 model to write (default: MODEL.int8.onnx beside MODEL)."),
-    num_images: int = typer.Option(512, help="Images sampled from --images (all when fewer; a warning below 100)."),
-    batch_size: int = typer.Option(32, help="Calibration batch size."),
+    num_images: int = typer.Option(512, min=1, help="Images sampled from --images (all when fewer; a warning below 100)."),
+    batch_size: int = typer.Option(32, min=1, help="Calibration batch size."),
     method: str = typer.Option(DEFAULT_METHOD, help="Activation ranges: entropy (KL, TensorRT's legacy calibrator), minmax or percentile (99.99%)."),
     quantize_attention: bool = typer.Option(DEFAULT_QUANTIZE_ATTENTION, "--quantize-attention/--no-quantize-attention", help="Also quantize the two attention matmuls (Q·Kᵀ, P·V)."),
     float_type: Optional[str] = typer.Option(None, "--float", help="Type of everything left unquantized: fp32 (ONNX Runtime on a CPU) or fp16 (TensorRT). Default: the target's (fp16 for trt*, else fp32)."),
     seed: int = typer.Option(0, help="Seed of the image sample."),
-    max_drop: Optional[float] = typer.Option(None, "--max-drop", help="Top-1 drop budget in points against FP32 on --eval; sensitive layers are kept in float until it fits (exit 1 if it cannot)."),
+    max_drop: Optional[float] = typer.Option(None, "--max-drop", min=0.0, max=100.0, help="Top-1 drop budget in points against FP32 on --eval; sensitive layers are kept in float until it fits (exit 1 if it cannot)."),
     eval_dir: Optional[Path] = typer.Option(None, "--eval", help="Labeled ImageFolder (or one with val/) to measure FP32 vs INT8 top-1 on."),
-    min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="With --eval: also keep layers in float until INT8's top-1 agrees with FP32's on at least this fraction (e.g. 0.99)."),
+    min_agreement: Optional[float] = typer.Option(None, "--min-agreement", min=0.0, max=1.0, help="With --eval: also keep layers in float until INT8's top-1 agrees with FP32's on at least this fraction (e.g. 0.99)."),
     target: Optional[str] = typer.Option(None, "--target", help="What the INT8 model is made for: trt8.5, trt8.6, trt10, trt11 (float16 "
                                          "Q/DQ scales and GEMMs, opset 19) or ort (also Q·Kᵀ). Default: the model's target, else none "
                                          "(float32 scales: TensorRT 8.x and CPUs)."),
@@ -41,7 +41,7 @@ def calibrate(
     from vitdeploy.stages.precision import calibrate as run_calibrate
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                  TimeElapsedColumn(), console=err_console, transient=True) as prog:
+                  TimeElapsedColumn(), console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
         task = prog.add_task("calibrate", total=None, info="")
 
         def on_event(kind: str, d: dict) -> None:

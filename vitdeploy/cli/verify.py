@@ -23,10 +23,10 @@ def verify(
     candidates: list[Path] = typer.Argument(..., help="Artifacts to compare: checkpoints, .onnx models, engines."),
     images: Path = typer.Option(..., "--images", "-i", help="Images: an ImageFolder (class sub-folders) gives accuracy too; a flat folder agreement only."),
     tolerance: Optional[str] = typer.Option(None, help="Override the per-precision limits: RTOL (e.g. 1e-4) or rtol=R,agreement=A (rtol=none to skip the logit check). Default: fp32 max|Δ| ≤ 1e-4·max(1,max|logit|) and 100% agreement; fp16 1e-2 and 99.9%; int8 99%."),
-    batch_size: int = typer.Option(32, "--batch-size", "-b", help="Images per model call."),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", min=1, help="Images per model call."),
     backend: str = typer.Option("auto", help="auto (each artifact's fastest installed backend), or a backend for the candidates that can run on it (e.g. openvino for ONNX)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write {\"results\": [...]} (reference first) to FILE."),
-    threads: Optional[int] = typer.Option(None, help="Inference threads (default: one per core)."),
+    threads: Optional[int] = typer.Option(None, min=1, help="Inference threads (default: one per core)."),
     report_dir: Optional[Path] = typer.Option(None, "--report", help="Also write an HTML report with plots (index.html + PNGs) into DIR."),
 ) -> None:
     """Compare artifacts on the same images: accuracy, top-1 agreement, |Δlogit|, cosine; exit 1 outside tolerance."""
@@ -40,7 +40,7 @@ def verify(
 
     with Progress(
         TextColumn("[bold]verify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err_console, transient=True,
+        console=err_console, transient=True, disable=not err_console.is_terminal,
     ) as prog:
         task = prog.add_task("verify", total=None)
 

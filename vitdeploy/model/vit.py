@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitdeploy.core.errors import UsageError
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -271,8 +273,8 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-class UnknownPreset(ValueError):
-    pass
+class UnknownPreset(UsageError, ValueError):
+    """A preset name that is not in PRESETS: a usage error (exit 2) wherever a command takes --preset."""
 
 
 def get_preset(name: str) -> Preset:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.manifest import ENGINE_SUFFIXES
 from vitdeploy.runners.base import Runner
 
@@ -43,7 +43,7 @@ def open_runner(path: str | Path, backend: str = "auto", threads: int | None = N
     if not p.exists():
         raise VitdeployError(f"{p}: no such file or folder")
     if backend not in BACKENDS:
-        raise VitdeployError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+        raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     kind = artifact_kind(p)
     want = default_backend(p, device) if backend == "auto" else backend
     ok = BACKENDS_OF_KIND[kind]

@@ -93,12 +93,12 @@ def max_supported_opset() -> int:
 def check_opset(opset: int) -> int:
     hi = max_supported_opset()
     if opset < MIN_OPSET:
-        raise VitdeployError(
+        raise UsageError(
             f"--opset {opset} is below {MIN_OPSET}: 17 is the first opset with LayerNormalization "
             f"(which TensorRT keeps in FP32); choose {MIN_OPSET}..{hi}"
         )
     if opset > hi:
-        raise VitdeployError(f"--opset {opset} is above {hi}, the highest the installed onnx supports; choose {MIN_OPSET}..{hi}")
+        raise UsageError(f"--opset {opset} is above {hi}, the highest the installed onnx supports; choose {MIN_OPSET}..{hi}")
     return opset
 
 

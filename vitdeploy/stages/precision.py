@@ -192,7 +192,7 @@ def _sample_images(images: str | Path, num_images: int, seed: int) -> list[Path]
     if not files:
         raise VitdeployError(f"{root} holds no image files: add a few hundred images like the deployment's")
     if num_images < 1:
-        raise VitdeployError("--num-images must be at least 1")
+        raise UsageError("--num-images must be at least 1")
     if len(files) > num_images:
         rng = np.random.default_rng(seed)
         pick = np.sort(rng.choice(len(files), num_images, replace=False))
@@ -269,15 +269,15 @@ def _check_options(
     from vitdeploy.graph.quantize import METHODS
 
     if method not in METHODS:
-        raise VitdeployError(f"unknown calibration method {method!r}: choose one of {', '.join(METHODS)}")
+        raise UsageError(f"unknown calibration method {method!r}: choose one of {', '.join(METHODS)}")
     if float_type not in FLOAT_TYPES:
-        raise VitdeployError(f"--float must be fp32 or fp16, not {float_type!r}")
+        raise UsageError(f"--float must be fp32 or fp16, not {float_type!r}")
     if batch_size < 1:
-        raise VitdeployError("--batch-size must be at least 1")
+        raise UsageError("--batch-size must be at least 1")
     if (max_drop is not None or min_agreement is not None) and eval_dir is None:
-        raise VitdeployError("--max-drop/--min-agreement need --eval DIR (labeled images to measure the drop on)")
+        raise UsageError("--max-drop/--min-agreement need --eval DIR (labeled images to measure the drop on)")
     if min_agreement is not None and not 0.0 <= min_agreement <= 1.0:
-        raise VitdeployError(f"--min-agreement is a fraction from 0 to 1, not {min_agreement}")
+        raise UsageError(f"--min-agreement is a fraction from 0 to 1, not {min_agreement}")
 
 
 def _fp32_source(src: Path, loaded: Any = None) -> tuple[Any, Manifest]:

@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.host import available_cores
+from vitdeploy.core.manifest import read_manifest
 from vitdeploy.runners import BACKENDS, BACKENDS_OF_KIND, artifact_kind
 
 DEFAULT_BATCH_SIZES = (1, 8, 32)
@@ -143,7 +144,7 @@ def rows_for(models: Sequence[str | Path], backends: Sequence[str] | None = None
     """(artifact, backend) pairs to measure: each artifact on each requested backend that can run it."""
     for b in backends or ():
         if b not in BACKENDS or b == "auto":
-            raise VitdeployError(f"--backends: unknown backend {b!r}; choose from torch, onnxruntime, openvino, tensorrt")
+            raise UsageError(f"--backends: unknown backend {b!r}; choose from torch, onnxruntime, openvino, tensorrt")
     from vitdeploy.runners.openvino.loader import openvino_installed
 
     out = []
@@ -314,6 +315,77 @@ def ratios_between(rows: list[BenchRow]) -> list[dict[str, Any]]:
     return out
 
 
+def check_settings(batch_sizes: Sequence[int], warmup: int, iterations: int | None, seconds: float | None,
+                   threads: int | None, device: str) -> None:
+    """Refuse impossible settings in one line (exit 2) before any artifact is opened."""
+    if not batch_sizes or any(b < 1 for b in batch_sizes):
+        raise UsageError("--batch-sizes: give positive integers, e.g. 1,8,32")
+    if warmup < 0:
+        raise UsageError(f"--warmup {warmup}: give 0 or more untimed calls")
+    if iterations is not None and iterations < 1:
+        raise UsageError("--iterations must be at least 1")
+    if seconds is not None and seconds <= 0:
+        raise UsageError("--seconds must be positive")
+    if threads is not None and threads < 1:
+        raise UsageError(f"--threads {threads}: give 1 or more (default: one per core)")
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"--device {device!r}: choose cpu or cuda")
+    if device == "cuda":
+        from vitdeploy.runners.tensorrt.cuda import gpu_info
+
+        info = gpu_info(0)
+        if isinstance(info, str):
+            raise UsageError(f"--device cuda: {info}; measure on the CPU (--device cpu)")
+
+
+def activation_bytes(model: dict[str, Any], input_size: Sequence[int]) -> int:
+    """A ViT forward's peak working memory per image, float32, in bytes (an estimate, on the safe side).
+
+    The live tensors at the widest point of a block: attention scores and their softmax (heads x N x N each), the
+    MLP's hidden layer and its activation (N x mlp each), Q, K, V and the residual (N x dim each); plus the input.
+    """
+    h, w = (int(v) for v in input_size)
+    p = int(model.get("patch_size") or 16)
+    d = int(model.get("embed_dim") or 768)
+    heads = int(model.get("num_heads") or 12)
+    mlp = int(model.get("mlp_dim") or d * float(model.get("mlp_ratio") or 4.0))
+    n = (h // p) * (w // p) + 1
+    return 4 * (2 * heads * n * n + 2 * n * mlp + 4 * n * d + 3 * h * w)
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says a new allocation can have without swapping (Linux MemAvailable); None elsewhere."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_memory(paths: Sequence[Path], batch: int) -> None:
+    """Refuse, in one line and before any row is opened, a batch whose working memory cannot fit here.
+
+    Each row's process needs the batch, twice over for the framework's own buffers (a factor measured loosely:
+    ONNX Runtime and torch keep a few of the estimated tensors alive at once)."""
+    free = available_memory()
+    if free is None:
+        return
+    for path in paths:
+        if artifact_kind(path) == "checkpoint":
+            from vitdeploy.model.importers import read_any_manifest
+
+            manifest = read_any_manifest(path)
+        else:
+            manifest = read_manifest(path)
+        need = 2 * batch * activation_bytes(manifest.model, manifest.input_size)
+        if need > free:
+            fit = max(1, free // (2 * activation_bytes(manifest.model, manifest.input_size)))
+            raise UsageError(f"--batch-sizes {batch}: {path.name} would need about {need / 2**30:.1f} GiB, and "
+                             f"{free / 2**30:.1f} GiB is free here; use a batch of at most {fit}")
+
+
 def benchmark(
     models: Sequence[str | Path],
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
@@ -328,19 +400,13 @@ def benchmark(
     """Measure every (artifact, backend) row at every batch size, each row in its own process, rounds interleaved."""
 
     if not models:
-        raise VitdeployError("nothing to measure: pass MODEL paths or --preset NAME")
-    if any(b < 1 for b in batch_sizes) or not batch_sizes:
-        raise VitdeployError("--batch-sizes: give positive integers, e.g. 1,8,32")
-    if iterations is not None and iterations < 1:
-        raise VitdeployError("--iterations must be at least 1")
-    if seconds is not None and seconds <= 0:
-        raise VitdeployError("--seconds must be positive")
-    if device not in ("cpu", "cuda"):
-        raise VitdeployError(f"--device {device!r}: choose cpu or cuda")
+        raise UsageError("nothing to measure: pass MODEL paths or --preset NAME")
+    check_settings(batch_sizes, warmup, iterations, seconds, threads, device)
     threads = threads or available_cores()
     notes: list[str] = []
     workers: list[Worker] = []
     pairs = rows_for(models, backends)
+    check_memory([p for p, _ in pairs], max(batch_sizes))
     try:
         for path, backend in pairs:
             if progress:
@@ -387,10 +453,7 @@ def _random_checkpoint(preset: str, folder: Path, seed: int) -> Path:
     from vitdeploy.model.checkpoint import save_checkpoint
     from vitdeploy.model.vit import build_model, get_preset
 
-    try:
-        pr = get_preset(preset)
-    except ValueError as e:
-        raise VitdeployError(str(e)) from None
+    pr = get_preset(preset)  # an unknown name: UnknownPreset, a usage error
     torch.manual_seed(seed)
     model = build_model(pr.config).eval()
     manifest = Manifest(

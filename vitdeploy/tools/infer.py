@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vitdeploy.checks import metrics
-from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.fileio import atomic_path
 from vitdeploy.core.images import iter_batches
 from vitdeploy.core.manifest import ENGINE_SUFFIXES
@@ -169,7 +169,7 @@ def pick_model(folder: str | Path = ".", backend: str = "auto", threads: int | N
 def open_model(model: str | Path | None = None, backend: str = "auto", threads: int | None = None) -> tuple[Any, list[str]]:
     """An open Runner for ``model`` (or the pick from the current folder) and notes for the user."""
     if backend not in BACKENDS:
-        raise VitdeployError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+        raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "tensorrt" or (model is not None and backend == "auto" and artifact_kind(model) == "engine"):
         why = tensorrt_missing()
         if why is not None:
@@ -221,9 +221,9 @@ def infer(
     could be read; the caller decides what skipped files mean (the CLI exits 3).
     """
     if batch_size < 1:
-        raise VitdeployError(f"--batch-size {batch_size}: must be at least 1")
+        raise UsageError(f"--batch-size {batch_size}: must be at least 1")
     if top_k < 1:
-        raise VitdeployError(f"--top-k {top_k}: must be at least 1")
+        raise UsageError(f"--top-k {top_k}: must be at least 1")
     paths = gather_images(images)
     notes: list[str] = []
     own = runner is None
