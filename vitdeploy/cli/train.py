@@ -58,53 +58,83 @@ def train(
     patch_size: Optional[int] = typer.Option(None, help="Patch size, overriding the preset's."),
     pool: Optional[str] = typer.Option(None, help="Head on the 'cls' token or the 'mean' of patch tokens."),
     epochs: Optional[int] = typer.Option(None, help="Epochs (default 40 on digits, 30 on a folder)."),
-    batch_size: int = typer.Option(64, help="Batch size."),
+    batch_size: int = typer.Option(
+        64, help="Global batch: images per optimizer step, summed over the torchrun processes and --accum-steps."),
     lr: float = typer.Option(2e-3, help="Peak learning rate (AdamW, warm-up then cosine decay)."),
     weight_decay: float = typer.Option(0.05, help="AdamW weight decay."),
-    label_smoothing: float = typer.Option(0.1, help="Label smoothing."),
+    label_smoothing: float = typer.Option(0.1, help="Label smoothing, in [0, 1)."),
     augment: bool = typer.Option(True, help="Light augmentation (random translation)."),
     seed: int = typer.Option(0, help="Seed: the same seed gives the same result on CPU."),
-    out: Path = typer.Option(Path("ckpt.pth"), "--out", "-o", help="Checkpoint to write (best epoch, atomically)."),
-    resume: Optional[Path] = typer.Option(None, help="Continue training from this checkpoint."),
+    out: Path = typer.Option(
+        Path("ckpt.pth"), "--out", "-o",
+        help="Checkpoint to write. The best epoch is kept in OUT.partial and renamed to OUT when the run ends."),
+    resume: Optional[Path] = typer.Option(None, help="Continue training from this checkpoint (any number of processes)."),
     init: Optional[Path] = typer.Option(
         None, help="Fine-tune from this checkpoint, Hugging Face ViT folder or timm state dict (with --arch); "
         "new head when the classes differ; keeps the source's preprocessing."),
     arch: Optional[str] = typer.Option(None, help="timm model name of an --init state dict, e.g. vit_small_patch16_224."),
     labels: Optional[Path] = typer.Option(None, help="Class names of the --init source, one per line."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    val_fraction: float = typer.Option(0.1, help="Validation share when DATA_DIR has no val/ folder."),
+    val_fraction: float = typer.Option(0.1, help="Validation share when DATA_DIR has no val/ folder, in (0, 1)."),
+    precision: Optional[str] = typer.Option(
+        None, help="bf16, fp16 or fp32 (autocast on CUDA; fp16 with a GradScaler). "
+        "Default: bf16 where the GPU has it, else fp16; fp32 on a CPU."),
+    workers: Optional[int] = typer.Option(
+        None, help="DataLoader worker processes per process (default: from the core count on CUDA, 0 on a CPU)."),
+    accum_steps: int = typer.Option(1, help="Gradient accumulation: micro-batches per optimizer step."),
 ) -> None:
-    """Train a ViT on an image folder or the embedded digits set; writes a self-describing checkpoint."""
+    """Train a ViT on an image folder or the embedded digits set; writes a self-describing checkpoint.
+
+    Under `torchrun --nproc-per-node N -m vitdeploy train ...` it trains with DistributedDataParallel;
+    rank 0 alone reports and writes the checkpoint.
+    """
+    import contextlib
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from vitdeploy.model.train import TrainOptions
+    from vitdeploy.core.errors import UsageError
+    from vitdeploy.model.train import TrainOptions, dist_from_env
     from vitdeploy.model.train import train as run_train
 
     opts = TrainOptions(
         preset=preset, image_size=image_size, patch_size=patch_size, pool=pool, epochs=epochs, batch_size=batch_size,
         lr=lr, weight_decay=weight_decay, label_smoothing=label_smoothing, augment=augment, seed=seed, out=out,
         resume=resume, init=init, arch=arch, labels=labels, device=device, val_fraction=val_fraction,
+        precision=precision, workers=workers, accum_steps=accum_steps,
     )
-    with Progress(
+    main_rank = dist_from_env().main
+    prog = Progress(
         TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(), console=err_console, transient=True,
-    ) as prog:
-        task = prog.add_task("train", total=None, info="reading images")
+        TimeElapsedColumn(), console=err_console, transient=True, disable=not main_rank,
+    )
+    try:
+        with prog if main_rank else contextlib.nullcontext(prog):
+            task = prog.add_task("train", total=None, info="reading images")
 
-        def on_event(kind: str, d: dict) -> None:
-            if kind == "start":
-                prog.update(task, total=d["epochs"], completed=d["start_epoch"],
-                            info=f"{d['train']} train / {d['val']} val images")
-            elif kind == "epoch":
-                prog.update(task, completed=d["epoch"] + 1,
-                            info=f"loss {d['loss']:.3f}  val top-1 {d['val_accuracy']:.2%}  best {d['best']:.2%}")
+            def on_event(kind: str, d: dict) -> None:
+                if kind == "start":
+                    where = f"  {d['world_size']} processes" if d.get("world_size", 1) > 1 else ""
+                    prog.update(task, total=d["epochs"], completed=d["start_epoch"],
+                                info=f"{d['train']} train / {d['val']} val images{where}")
+                elif kind == "epoch":
+                    prog.update(task, completed=d["epoch"] + 1,
+                                info=f"loss {d['loss']:.3f}  val top-1 {d['val_accuracy']:.2%}  best {d['best']:.2%}")
 
-        result = run_train(data_dir, opts, on_event)
+            result = run_train(data_dir, opts, on_event if main_rank else None)
+    except UsageError as e:
+        if main_rank:
+            raise
+        raise typer.Exit(e.exit_code) from None  # the same on every rank: rank 0 says it, once
+    if not main_rank:
+        if result.skipped:
+            raise typer.Exit(EXIT_PARTIAL)
+        return
     for path, why in result.skipped:
         err_console.print(f"skipped {path}: {why}", highlight=False)
+    procs = f", {result.world_size} processes" if result.world_size > 1 else ""
     console.print(
         f"best validation top-1 {result.best_val_accuracy:.2%} (epoch {result.best_epoch + 1}/{result.epochs}) "
-        f"in {result.seconds:.0f} s → {result.checkpoint}"
+        f"in {result.seconds:.0f} s{procs} → {result.checkpoint}"
     )
     if result.skipped:
         err_console.print(f"{len(result.skipped)} unreadable image(s) skipped")

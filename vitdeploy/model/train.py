@@ -1,14 +1,24 @@
 """Training and fine-tuning: AdamW, warm-up + cosine decay, label smoothing, light augmentation.
 
-The best epoch (by validation top-1) is saved atomically as a self-describing checkpoint.
+One process, or several under ``torchrun`` (DistributedDataParallel: gloo on CPU, NCCL on CUDA).
+``batch_size`` is the global batch of one optimizer step: it is split over the processes and the
+gradient-accumulation steps, so a recipe gives the same schedule on 1 or N processes. Mixed
+precision (bf16/fp16 autocast, a GradScaler for fp16) on CUDA. The best epoch (by validation top-1,
+counted over every validation image exactly once, whatever the number of processes) is written by
+rank 0 to ``<out>.partial`` and renamed to ``out`` when the run ends, so an interrupted run never
+replaces the user's previous checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +27,21 @@ import torch
 import torch.nn.functional as F
 
 from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.fileio import atomic_path
 from vitdeploy.core.manifest import Manifest, tool_versions
 from vitdeploy.core.preprocess import Preprocess
 from vitdeploy.model.checkpoint import load_checkpoint, save_checkpoint
-from vitdeploy.model.data import Dataset, load_digits_dataset, load_image_folder
-from vitdeploy.model.vit import VisionTransformer, ViTConfig, get_preset
+from vitdeploy.model.data import Dataset, Split, load_digits_dataset, load_image_folder
+from vitdeploy.model.vit import UnknownPreset, VisionTransformer, ViTConfig, get_preset
 
 DEFAULT_PRESET = "vit-digits"
+PRECISIONS = ("bf16", "fp16", "fp32")
+# Suffixes of the other artifacts: a checkpoint written under one of them would be mistaken for it.
+_NOT_CHECKPOINT_SUFFIXES = (".onnx", ".engine", ".plan", ".json", ".txt", ".png", ".jpg")
+
+
+class UnknownPresetError(UsageError, ValueError):
+    """An unknown --preset: a usage error (exit 2) that is also the ValueError get_preset raises."""
 
 
 @dataclass
@@ -33,7 +51,7 @@ class TrainOptions:
     patch_size: int | None = None
     pool: str | None = None
     epochs: int | None = None
-    batch_size: int = 64
+    batch_size: int = 64  # global: images per optimizer step, over all processes and accumulation steps
     lr: float = 2e-3
     weight_decay: float = 0.05
     warmup_epochs: float = 3.0
@@ -48,6 +66,9 @@ class TrainOptions:
     device: str = "auto"
     val_fraction: float = 0.1
     threads: int | None = None
+    precision: str | None = None  # bf16, fp16, fp32; None: bf16 (else fp16) on CUDA, fp32 on a CPU
+    workers: int | None = None  # DataLoader worker processes; None: from the core count
+    accum_steps: int = 1  # gradient accumulation: micro-batches per optimizer step
 
 
 @dataclass
@@ -59,11 +80,20 @@ class TrainResult:
     seconds: float
     history: list[dict[str, float]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    world_size: int = 1
+    precision: str = "fp32"
+    rank: int = 0
 
 
 # Epochs that reach the accuracy target on the embedded digits set within the time budget.
 DIGITS_EPOCHS = 40
 FOLDER_EPOCHS = 30
+
+
+def partial_path(out: str | Path) -> Path:
+    """Where the best-so-far checkpoint lives until the run ends (then it is renamed to ``out``)."""
+    p = Path(out)
+    return p.with_name(p.name + ".partial")
 
 
 def _device(name: str) -> torch.device:
@@ -76,6 +106,157 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def resolve_precision(precision: str | None, device: torch.device) -> str:
+    """bf16/fp16/fp32 for this device: the default is bf16 where the GPU has it, else fp16; fp32 on a CPU."""
+    if precision is not None and precision not in PRECISIONS:
+        raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if device.type != "cuda":
+        if precision in ("bf16", "fp16"):
+            raise UsageError(f"--precision {precision} needs a CUDA GPU; on a CPU training runs in fp32 (drop --precision)")
+        return "fp32"
+    bf16_ok = torch.cuda.is_bf16_supported()
+    if precision is None:
+        return "bf16" if bf16_ok else "fp16"
+    if precision == "bf16" and not bf16_ok:
+        raise UsageError("--precision bf16: this GPU has no bfloat16; use --precision fp16")
+    return precision
+
+
+def _amp_dtype(precision: str) -> torch.dtype | None:
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager[Any]:
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def default_workers(world_size: int = 1, device: torch.device | None = None) -> int:
+    """DataLoader workers per process: on CUDA the cores left after the training processes (at most 8);
+    on a CPU 0, since training itself needs the cores and the images are decoded once up front."""
+    if device is None or device.type != "cuda":
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(8, cores // max(1, world_size) - 1))
+
+
+def check_options(opts: TrainOptions) -> None:
+    """Refuse impossible values before any work, in one line each (exit 2)."""
+    if opts.epochs is not None and opts.epochs < 1:
+        raise UsageError(f"--epochs must be at least 1, not {opts.epochs}")
+    if opts.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, not {opts.batch_size}")
+    if not (opts.lr > 0 and math.isfinite(opts.lr)):
+        raise UsageError(f"--lr must be a positive number, not {opts.lr}")
+    if not opts.weight_decay >= 0:
+        raise UsageError(f"--weight-decay must be 0 or more, not {opts.weight_decay}")
+    if not 0 <= opts.label_smoothing < 1:
+        raise UsageError(f"--label-smoothing must be in [0, 1), not {opts.label_smoothing}")
+    if not 0 < opts.val_fraction < 1:
+        raise UsageError(f"--val-fraction must be between 0 and 1 (exclusive), not {opts.val_fraction}")
+    if not opts.warmup_epochs >= 0:
+        raise UsageError(f"warmup_epochs must be 0 or more, not {opts.warmup_epochs}")
+    sizes = [opts.image_size] if isinstance(opts.image_size, int) or opts.image_size is None else list(opts.image_size)
+    if any(s is not None and s < 1 for s in sizes):
+        raise UsageError(f"--image-size must be at least 1, not {opts.image_size}")
+    if opts.patch_size is not None and opts.patch_size < 1:
+        raise UsageError(f"--patch-size must be at least 1, not {opts.patch_size}")
+    if opts.workers is not None and opts.workers < 0:
+        raise UsageError(f"--workers must be 0 or more, not {opts.workers}")
+    if opts.accum_steps < 1:
+        raise UsageError(f"--accum-steps must be at least 1, not {opts.accum_steps}")
+    if opts.threads is not None and opts.threads < 1:
+        raise UsageError(f"--threads must be at least 1, not {opts.threads}")
+    if opts.precision is not None and opts.precision not in PRECISIONS:
+        raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, not {opts.precision!r}")
+    if opts.preset is not None:
+        try:
+            get_preset(opts.preset)
+        except UnknownPreset as e:
+            raise UnknownPresetError(str(e)) from None
+    _check_out(Path(opts.out))
+
+
+def _check_out(out: Path) -> None:
+    if out.suffix.lower() in _NOT_CHECKPOINT_SUFFIXES:
+        raise UsageError(f"-o {out}: a checkpoint is a .pth file, not {out.suffix}; pass e.g. -o {out.with_suffix('.pth').name}")
+    if out.is_dir():
+        raise UsageError(f"-o {out} is a folder: pass a file name, e.g. -o {out / 'ckpt.pth'}")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"-o {out}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"-o {out}: cannot write in {parent}; pass an output in a folder you can write")
+    if out.exists() and not os.access(out, os.W_OK) and not os.access(out.parent, os.W_OK):
+        raise UsageError(f"-o {out}: the file cannot be replaced here")
+
+
+# --- processes --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Dist:
+    """This process's place in a torchrun job (rank 0 of 1 when not under torchrun)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def dist_from_env(env: dict[str, str] | None = None) -> Dist:
+    """RANK/WORLD_SIZE/LOCAL_RANK as torchrun sets them; a plain run is rank 0 of 1."""
+    e = os.environ if env is None else env
+    try:
+        world = int(e.get("WORLD_SIZE", "1"))
+        rank = int(e.get("RANK", "0"))
+        local = int(e.get("LOCAL_RANK", str(rank)))
+    except ValueError:
+        raise UsageError("RANK/WORLD_SIZE/LOCAL_RANK must be integers (torchrun sets them)") from None
+    return Dist(rank, world, local) if world > 1 else Dist()
+
+
+def _init_process_group(d: Dist, device: torch.device) -> None:
+    import torch.distributed as td
+
+    if td.is_initialized():
+        return
+    addr, port = os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = timedelta(seconds=float(os.environ.get("VITDEPLOY_RENDEZVOUS_TIMEOUT", "300")))
+    try:
+        td.init_process_group(backend=backend, rank=d.rank, world_size=d.world_size, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - DistNetworkError, DistStoreError, TimeoutError, RuntimeError
+        why = str(e).strip().splitlines()[0][:160].rstrip(".") if str(e).strip() else type(e).__name__
+        raise VitdeployError(
+            f"rank {d.rank} of {d.world_size} cannot join the rendezvous at {addr}:{port} ({why}): "
+            f"check that rank 0 runs and that {addr}:{port} (MASTER_ADDR:MASTER_PORT) is reachable from this machine"
+        ) from None
+
+
+def _all_sum(values: list[float], d: Dist, device: torch.device) -> list[float]:
+    if not d.active:
+        return values
+    import torch.distributed as td
+
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    td.all_reduce(t, op=td.ReduceOp.SUM)
+    return [float(v) for v in t.cpu().tolist()]
+
+
+# --- steps ------------------------------------------------------------------------------------------------
+
+
 def _augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """Random translation by up to 1/8 of the size (edge-replicated), per image."""
     b, _, h, w = x.shape
@@ -86,16 +267,107 @@ def _augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.stack([padded[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(b)])
 
 
-def evaluate(model: VisionTransformer, ds_split: Any, pp: Preprocess, device: torch.device, batch: int = 256) -> float:
+def evaluate(
+    model: VisionTransformer,
+    ds_split: Any,
+    pp: Preprocess,
+    device: torch.device,
+    batch: int = 256,
+    dist: Dist | None = None,
+    amp_dtype: torch.dtype | None = None,
+) -> float:
+    """Validation top-1. Under torchrun each rank takes images rank::world and the counts are summed,
+    so every image counts exactly once and the result equals a single-process evaluation."""
+    d = dist or Dist()
     model.eval()
     correct = 0
-    with torch.inference_mode():
-        for i in range(0, len(ds_split), batch):
-            idx = list(range(i, min(i + batch, len(ds_split))))
+    mine = list(range(d.rank, len(ds_split), d.world_size))
+    with torch.inference_mode(), _autocast(device, amp_dtype):
+        for i in range(0, len(mine), batch):
+            idx = mine[i : i + batch]
             x = torch.from_numpy(ds_split.arrays(pp, idx)).to(device)
             pred = model(x).argmax(-1).cpu().numpy()
             correct += int((pred == ds_split.labels[idx]).sum())
-    return correct / max(1, len(ds_split))
+    correct_all, total = _all_sum([float(correct), float(len(mine))], d, device)
+    return correct_all / max(1.0, total)
+
+
+def train_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    label_smoothing: float = 0.0,
+    amp_dtype: torch.dtype | None = None,
+    scaler: Any = None,
+    clip: float = 1.0,
+) -> tuple[float, int]:
+    """One optimizer step over one or more micro-batches (gradient accumulation); returns (loss sum, images).
+
+    ``model`` may be wrapped in DistributedDataParallel: its gradients are then averaged over the
+    processes on the last micro-batch only (``no_sync`` on the others). Each micro-batch's mean loss is
+    weighted by its share of the images, so K micro-batches give the gradient of their union.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    total = sum(len(y) for _, y in micro_batches)
+    device = next(model.parameters()).device
+    opt.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for i, (x, y) in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        sync = model.no_sync() if isinstance(model, DDP) and not last else contextlib.nullcontext()
+        with sync:
+            with _autocast(device, amp_dtype):
+                loss = F.cross_entropy(model(x), y, label_smoothing=label_smoothing)
+            part = loss if len(micro_batches) == 1 else loss * (len(y) / total)
+            (scaler.scale(part) if scaler is not None else part).backward()
+        loss_sum += loss.item() * len(y)
+    if scaler is not None:
+        scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+    return loss_sum, total
+
+
+class _Batches(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Batch ``i`` of a split as (float32 NCHW, labels): the preprocessing runs in the DataLoader's workers."""
+
+    def __init__(self, split: Split, pp: Preprocess, chunks: list[np.ndarray]) -> None:
+        self.split, self.pp, self.chunks = split, pp, chunks
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = self.chunks[i]
+        return torch.from_numpy(self.split.arrays(self.pp, idx)), torch.from_numpy(self.split.labels[idx])
+
+
+def _batches(split: Split, pp: Preprocess, chunks: list[np.ndarray], workers: int, pin: bool) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    if workers == 0:
+        for idx in chunks:
+            yield torch.from_numpy(split.arrays(pp, idx)), torch.from_numpy(split.labels[idx])
+        return
+    loader = torch.utils.data.DataLoader(_Batches(split, pp, chunks), batch_size=None, shuffle=False, num_workers=workers, pin_memory=pin)
+    yield from loader
+
+
+def _epoch_order(n: int, epoch: int, d: Dist, seed: int, rng: np.random.Generator) -> np.ndarray:
+    """This process's training indices for the epoch: a seeded permutation (DistributedSampler under torchrun)."""
+    if not d.active:
+        return rng.permutation(n)
+    from torch.utils.data.distributed import DistributedSampler
+
+    sampler: DistributedSampler[int] = DistributedSampler(
+        range(n),  # type: ignore[arg-type]  # only its length is read
+        num_replicas=d.world_size, rank=d.rank, shuffle=True, seed=seed, drop_last=False,
+    )
+    sampler.set_epoch(epoch)
+    return np.fromiter(iter(sampler), dtype=np.int64)
 
 
 def _lr_at(step: int, total: int, warmup: int, base: float) -> float:
@@ -147,18 +419,64 @@ def train(
     opts: TrainOptions | None = None,
     progress: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> TrainResult:
-    """Train (or fine-tune/resume) a ViT and save the best checkpoint to ``opts.out``."""
+    """Train (or fine-tune/resume) a ViT and save the best checkpoint to ``opts.out``.
+
+    Under torchrun (WORLD_SIZE > 1 in the environment) this process joins the job as its RANK; only
+    rank 0 writes the checkpoint and should report progress. The user's ``opts.out`` is replaced only when
+    the run ends: until then the best epoch is kept in ``<out>.partial``.
+    """
     opts = opts or TrainOptions()
     t0 = time.perf_counter()
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
+    check_options(opts)
     if opts.resume and opts.init:
         raise UsageError("--resume and --init exclude each other: resume continues a run, init starts a new one")
     if (opts.arch or opts.labels) and not opts.init:
         raise UsageError("--arch and --labels describe the --init source: pass them with --init")
+    d = dist_from_env()
     device = _device(opts.device)
+    if d.active and device.type == "cuda":
+        device = torch.device("cuda", d.local_rank % max(1, torch.cuda.device_count()))
+        torch.cuda.set_device(device)
+    precision = resolve_precision(opts.precision, device)
+    per_step = d.world_size * opts.accum_steps
+    if opts.batch_size % per_step:
+        raise UsageError(
+            f"--batch-size {opts.batch_size} (the global batch) must be a multiple of processes × --accum-steps "
+            f"= {d.world_size} × {opts.accum_steps}; pass e.g. --batch-size {max(1, opts.batch_size // per_step) * per_step}"
+        )
+    micro = opts.batch_size // per_step
+    workers = default_workers(d.world_size, device) if opts.workers is None else opts.workers
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
     cfg, pp, name, init_state, source = _resolve_model(opts, data_dir)
+    if d.active:
+        _init_process_group(d, device)
+    try:
+        return _train(data_dir, opts, progress, t0, d, device, precision, micro, workers, cfg, pp, name, init_state, source)
+    finally:
+        if d.active:
+            import torch.distributed as td
 
+            if td.is_initialized():
+                td.destroy_process_group()
+
+
+def _train(
+    data_dir: str | Path | None,
+    opts: TrainOptions,
+    progress: Callable[[str, dict[str, Any]], None] | None,
+    t0: float,
+    d: Dist,
+    device: torch.device,
+    precision: str,
+    micro: int,
+    workers: int,
+    cfg: ViTConfig,
+    pp: Preprocess,
+    name: str,
+    init_state: dict[str, Any] | None,
+    source: Manifest | None,
+) -> TrainResult:
     if progress:
         progress("status", {"message": "reading images"})
     if data_dir is None:
@@ -193,7 +511,9 @@ def train(
     model.to(device)
 
     epochs = opts.epochs or (DIGITS_EPOCHS if data_dir is None else FOLDER_EPOCHS)
-    steps_per_epoch = max(1, math.ceil(len(ds.train) / opts.batch_size))
+    n_train = len(ds.train)
+    per_rank = math.ceil(n_train / d.world_size)
+    steps_per_epoch = max(1, math.ceil(per_rank / (micro * opts.accum_steps)))
     total = epochs * steps_per_epoch
     warmup = int(opts.warmup_epochs * steps_per_epoch)
     decay: list[torch.nn.Parameter] = []
@@ -212,7 +532,14 @@ def train(
         if start_epoch >= epochs:
             raise UsageError(f"--resume: the checkpoint already finished epoch {start_epoch}; pass --epochs above {start_epoch}")
 
-    gen = torch.Generator().manual_seed(opts.seed)
+    amp_dtype = _amp_dtype(precision)
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+    net: torch.nn.Module = model
+    if d.active:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    gen = torch.Generator().manual_seed(opts.seed + 1_000_003 * d.rank)
     rng = np.random.default_rng(opts.seed + start_epoch)
     manifest = Manifest(
         model=cfg.to_dict(),
@@ -222,55 +549,79 @@ def train(
         source={"dataset": ds.name if data_dir is None else str(Path(data_dir).resolve()), "init": str(opts.init) if opts.init else None},
         versions=tool_versions("torch", "numpy"),
     )
+    out, partial = Path(opts.out), partial_path(opts.out)
+    saved = False
     if progress:
-        progress("start", {"epochs": epochs, "start_epoch": start_epoch, "train": len(ds.train), "val": len(ds.val)})
-    y_all = torch.from_numpy(ds.train.labels)
-    for epoch in range(start_epoch, epochs):
-        model.train()
-        order = rng.permutation(len(ds.train))
-        loss_sum, seen = 0.0, 0
-        for s in range(steps_per_epoch):
-            idx = order[s * opts.batch_size : (s + 1) * opts.batch_size]
-            if len(idx) == 0:
-                continue
-            x = torch.from_numpy(ds.train.arrays(pp, idx))
-            if opts.augment:
-                x = _augment(x, gen)
-            x, y = x.to(device), y_all[idx].to(device)
-            for g in opt.param_groups:
-                g["lr"] = _lr_at(epoch * steps_per_epoch + s, total, warmup, opts.lr)
-            loss = F.cross_entropy(model(x), y, label_smoothing=opts.label_smoothing)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            loss_sum += loss.item() * len(idx)
-            seen += len(idx)
-        acc = evaluate(model, ds.val, pp, device)
-        history.append({"epoch": epoch, "loss": loss_sum / max(1, seen), "val_accuracy": acc})
-        if acc > best_acc:
-            best_acc, best_epoch = acc, epoch
-            manifest.training = {
-                "best_val_accuracy": acc,
-                "best_epoch": epoch,
-                "epochs": epochs,
-                "train_images": len(ds.train),
-                "val_images": len(ds.val),
-                "seed": opts.seed,
-                "lr": opts.lr,
-                "batch_size": opts.batch_size,
-                "seconds": round(time.perf_counter() - t0, 1),
-            }
-            save_checkpoint(
-                opts.out,
-                model.cpu(),
-                manifest,
-                {"optimizer": opt.state_dict(), "epoch": epoch, "best_val_accuracy": acc},
-            )
-            model.to(device)
-        if progress:
-            progress("epoch", {"epoch": epoch, "loss": loss_sum / max(1, seen), "val_accuracy": acc, "best": best_acc})
-    return TrainResult(Path(opts.out), best_acc, best_epoch, epochs, time.perf_counter() - t0, history, ds.skipped)
+        progress("start", {"epochs": epochs, "start_epoch": start_epoch, "train": n_train, "val": len(ds.val),
+                           "world_size": d.world_size, "precision": precision})
+    pin = device.type == "cuda"
+    try:
+        for epoch in range(start_epoch, epochs):
+            net.train()
+            order = _epoch_order(n_train, epoch, d, opts.seed, rng)
+            chunks = [order[i : i + micro] for i in range(0, len(order), micro)]
+            loss_sum, seen = 0.0, 0
+            pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+            step = 0
+            for ci, (x, y) in enumerate(_batches(ds.train, pp, chunks, workers, pin)):
+                if opts.augment:
+                    x = _augment(x, gen)
+                pending.append((x.to(device, non_blocking=pin), y.to(device, non_blocking=pin)))
+                if len(pending) < opts.accum_steps and ci < len(chunks) - 1:
+                    continue
+                for g in opt.param_groups:
+                    g["lr"] = _lr_at(epoch * steps_per_epoch + step, total, warmup, opts.lr)
+                ls, nb = train_step(net, opt, pending, opts.label_smoothing, amp_dtype, scaler)
+                loss_sum, seen, step, pending = loss_sum + ls, seen + nb, step + 1, []
+            loss_sum, seen_f = _all_sum([loss_sum, float(seen)], d, device)
+            acc = evaluate(model, ds.val, pp, device, dist=d, amp_dtype=amp_dtype)
+            history.append({"epoch": epoch, "loss": loss_sum / max(1.0, seen_f), "val_accuracy": acc})
+            if acc > best_acc:
+                best_acc, best_epoch = acc, epoch
+                manifest.training = {
+                    "best_val_accuracy": acc,
+                    "best_epoch": epoch,
+                    "epochs": epochs,
+                    "train_images": n_train,
+                    "val_images": len(ds.val),
+                    "seed": opts.seed,
+                    "lr": opts.lr,
+                    "batch_size": opts.batch_size,
+                    "seconds": round(time.perf_counter() - t0, 1),
+                    "processes": d.world_size,
+                    "accum_steps": opts.accum_steps,
+                    "precision": precision,
+                }
+                if d.main:
+                    save_checkpoint(  # copies the plain module's weights to the CPU; the model stays where it is
+                        partial,
+                        model,
+                        manifest,
+                        {"optimizer": opt.state_dict(), "epoch": epoch, "best_val_accuracy": acc},
+                    )
+                saved = True
+            if progress:
+                progress("epoch", {"epoch": epoch, "loss": loss_sum / max(1.0, seen_f), "val_accuracy": acc, "best": best_acc})
+    except KeyboardInterrupt:
+        if d.main and saved:
+            raise VitdeployError(
+                f"interrupted: {out} is unchanged; the best epoch so far ({best_epoch + 1}, val top-1 {best_acc:.2%}) "
+                f"is in {partial} (rename it, or continue with --resume {partial})",
+                exit_code=130,
+            ) from None
+        raise VitdeployError(f"interrupted before an epoch ended: {out} is unchanged", exit_code=130) from None
+    if d.main and saved:
+        os.replace(partial, out)
+    elif d.main and opts.resume and Path(opts.resume).resolve() != out.resolve():
+        # no epoch beat the resumed checkpoint's best: that checkpoint is still the result
+        with atomic_path(out) as tmp:
+            shutil.copyfile(opts.resume, tmp)
+    if d.active:
+        import torch.distributed as td
+
+        td.barrier()
+    return TrainResult(out, best_acc, best_epoch, epochs, time.perf_counter() - t0, history, ds.skipped,
+                       d.world_size, precision, d.rank)
 
 
 def _resize_pos_embed(pos: torch.Tensor, cfg: ViTConfig) -> torch.Tensor:
