@@ -314,3 +314,38 @@ def test_gpu_tests_skip_with_a_reason_here() -> None:
         pytest.skip("a GPU is here: the gpu tests run")
     assert "CUDA" in needs_gpu.kwargs["reason"]
     assert shutil.which("torchrun", path=str(BIN))
+
+
+# --- decoding in DataLoader workers ---------------------------------------------------------------------------
+
+
+def test_workers_decode_the_folder_and_name_an_unreadable_file_once(mixed_mode_folder: Path, tmp_path: Path) -> None:
+    from vitdeploy.model.data import load_image_folder
+    from vitdeploy.model.train import _load_folder
+
+    root = tmp_path / "d"
+    shutil.copytree(mixed_mode_folder, root)
+    (root / "class_1" / "broken.png").write_bytes(b"\x89PNG not really")
+    pp = Preprocess.from_dict({**get_preset("vit-digits").preprocess, "input_size": [16, 16]})
+    a, b = load_image_folder(root, pp, 0.2, 0), _load_folder(root, pp, 0.2, 0, workers=2)
+    for sa, sb in ((a.train, b.train), (a.val, b.val)):
+        assert sa.paths == sb.paths and np.array_equal(sa.labels, sb.labels)
+        assert all(np.array_equal(x, y) for x, y in zip(sa.images, sb.images, strict=True))
+    assert [Path(p).name for p, _ in b.skipped] == ["broken.png"] == [Path(p).name for p, _ in a.skipped]
+    r = train(root, TrainOptions(image_size=16, patch_size=4, epochs=1, batch_size=8, workers=2, out=tmp_path / "o.pth"))
+    assert [Path(p).name for p, _ in r.skipped] == ["broken.png"]
+
+
+def test_cli_reports_a_worker_skipped_file_once_and_exits_3(
+    mixed_mode_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vitdeploy.__main__ import main
+
+    root = tmp_path / "d"
+    shutil.copytree(mixed_mode_folder, root)
+    (root / "class_0" / "empty.png").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    code = main(["train", str(root), *TINY[:4], "--epochs", "1", "--batch-size", "8", "--workers", "2", "-o", "o.pth"])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert err.count("empty.png") == 1 and (tmp_path / "o.pth").exists()

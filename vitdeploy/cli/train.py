@@ -130,7 +130,7 @@ def train(
             raise typer.Exit(EXIT_PARTIAL)
         return
     for path, why in result.skipped:
-        err_console.print(f"skipped {path}: {why}", highlight=False)
+        err_console.print(f"skipped {path}: {why}", highlight=False, soft_wrap=True)
     procs = f", {result.world_size} processes" if result.world_size > 1 else ""
     console.print(
         f"best validation top-1 {result.best_val_accuracy:.2%} (epoch {result.best_epoch + 1}/{result.epochs}) "

@@ -29,9 +29,17 @@ import torch.nn.functional as F
 from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.fileio import atomic_path
 from vitdeploy.core.manifest import Manifest, tool_versions
-from vitdeploy.core.preprocess import Preprocess
+from vitdeploy.core.preprocess import ImageReadError, Preprocess, load_image, resize_crop
 from vitdeploy.model.checkpoint import load_checkpoint, save_checkpoint
-from vitdeploy.model.data import Dataset, Split, load_digits_dataset, load_image_folder
+from vitdeploy.model.data import (
+    Dataset,
+    Split,
+    _stratified_split,
+    load_digits_dataset,
+    load_image_folder,
+    read_labeled_folder,
+    scan_image_folder,
+)
 from vitdeploy.model.vit import UnknownPreset, VisionTransformer, ViTConfig, get_preset
 
 DEFAULT_PRESET = "vit-digits"
@@ -356,6 +364,77 @@ def _batches(split: Split, pp: Preprocess, chunks: list[np.ndarray], workers: in
     yield from loader
 
 
+def _as_list(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+class _DecodeFiles(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """File ``i`` decoded and resized in a DataLoader worker: (i, uint8 HWC or None, why it could not be read)."""
+
+    def __init__(self, items: Sequence[tuple[Path, int]], pp: Preprocess) -> None:
+        self.items, self.pp = items, pp
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[int, np.ndarray | None, str]:
+        try:
+            return i, np.asarray(resize_crop(load_image(self.items[i][0]), self.pp)), ""
+        except ImageReadError as e:
+            return i, None, str(e)
+        except Exception as e:  # noqa: BLE001 - one bad file (a decompression bomb …) must not stop the job
+            return i, None, f"{type(e).__name__}: {e}"
+
+
+def _decode_in_workers(
+    items: Sequence[tuple[Path, int]], pp: Preprocess, workers: int
+) -> tuple[Split, list[tuple[str, str]]]:
+    """Decode every file once, in ``workers`` DataLoader processes; unreadable files are skipped and named once."""
+    images, labels, paths, skipped = [], [], [], []
+    loader = torch.utils.data.DataLoader(
+        _DecodeFiles(items, pp), batch_size=32, shuffle=False, num_workers=workers, collate_fn=_as_list
+    )
+    for batch in loader:
+        for i, arr, why in batch:
+            path, ci = items[i]
+            if arr is None:
+                skipped.append((str(path), why))
+            else:
+                images.append(arr)
+                labels.append(ci)
+                paths.append(str(path))
+    return Split(images, np.asarray(labels, np.int64), paths), skipped
+
+
+def _load_folder(root: str | Path, pp: Preprocess, val_fraction: float, seed: int, workers: int) -> Dataset:
+    """``load_image_folder`` (the same checks, split and result), with the decoding done in DataLoader workers."""
+    if workers == 0:
+        return load_image_folder(root, pp, val_fraction, seed)
+    r = Path(root)
+    if not r.is_dir():
+        return load_image_folder(root, pp, val_fraction, seed)  # its one-line error
+    has_split = (r / "train").is_dir() and (r / "val").is_dir()
+    classes, items = scan_image_folder(r / "train" if has_split else r)
+    if len(classes) < 2 or not items:
+        return load_image_folder(root, pp, val_fraction, seed)  # its one-line error
+    val_items: list[tuple[Path, int]] = []
+    if has_split:
+        v = read_labeled_folder(r / "val", classes, require=True, of=f"the classes of {r}/train")
+        val_items = list(zip(v.files, v.labels or [], strict=True))
+    train_split, skipped = _decode_in_workers(items, pp, workers)
+    counts = np.bincount(train_split.labels, minlength=len(classes)) if len(train_split) else np.zeros(len(classes), int)
+    empty = [classes[i] for i in range(len(classes)) if counts[i] == 0]
+    if empty:
+        raise VitdeployError(
+            f"class folder(s) with no readable image: {', '.join(empty)} — add images or remove the folder"
+        )
+    if has_split:
+        val_split, vskipped = _decode_in_workers(val_items, pp, workers)
+        return Dataset(train_split, val_split, classes, r.name, skipped + vskipped)
+    tr, va = _stratified_split(train_split, val_fraction, seed)
+    return Dataset(tr, va, classes, r.name, skipped)
+
+
 def _epoch_order(n: int, epoch: int, d: Dist, seed: int, rng: np.random.Generator) -> np.ndarray:
     """This process's training indices for the epoch: a seeded permutation (DistributedSampler under torchrun)."""
     if not d.active:
@@ -482,7 +561,7 @@ def _train(
     if data_dir is None:
         ds: Dataset = load_digits_dataset(pp)
     else:
-        ds = load_image_folder(data_dir, pp, opts.val_fraction, opts.seed)
+        ds = _load_folder(data_dir, pp, opts.val_fraction, opts.seed, workers)
     if len(ds.val) == 0:
         raise VitdeployError(f"{data_dir}: too few images to hold out a validation split; add images or a val/ folder")
 
