@@ -122,3 +122,25 @@ def test_existing_checkpoint_survives_a_failed_run(tmp_path: Path) -> None:
         train(tmp_path / "missing", TrainOptions(epochs=1, out=out, **FAST))
     assert out.read_bytes() == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ckpt")]
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"epochs": 0}, "--epochs must be at least 1"),
+        ({"batch_size": 0}, "--batch-size must be at least 1"),
+        ({"lr": -1.0}, "--lr must be a positive number"),
+        ({"label_smoothing": 2.0}, r"--label-smoothing must be in \[0, 1\)"),
+        ({"val_fraction": 1.0}, "--val-fraction"),
+        ({"preset": "vit-nope"}, "unknown preset"),
+        ({"out": "t.onnx"}, "a checkpoint is a .pth file"),
+    ],
+)
+def test_impossible_values_are_usage_errors_before_any_work(tmp_path: Path, kw: dict, match: str) -> None:
+    from vitdeploy.core.errors import EXIT_USAGE
+
+    opts = TrainOptions(**{"out": tmp_path / "o.pth", **kw})
+    with pytest.raises(VitdeployError, match=match) as e:
+        train(tmp_path / "missing", opts)  # the folder is never looked at: the value is refused first
+    assert e.value.exit_code == EXIT_USAGE
+    assert list(tmp_path.iterdir()) == []

@@ -682,7 +682,9 @@ def _train(
             if progress:
                 progress("epoch", {"epoch": epoch, "loss": loss_sum / max(1.0, seen_f), "val_accuracy": acc, "best": best_acc})
     except KeyboardInterrupt:
-        if d.main and saved:
+        if not d.main:
+            raise VitdeployError(f"rank {d.rank}: interrupted", exit_code=130) from None
+        if saved:
             raise VitdeployError(
                 f"interrupted: {out} is unchanged; the best epoch so far ({best_epoch + 1}, val top-1 {best_acc:.2%}) "
                 f"is in {partial} (rename it, or continue with --resume {partial})",
