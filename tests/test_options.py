@@ -97,3 +97,20 @@ def test_help_and_version_still_exit_0(work: Path) -> None:
     for args in (("--help",), ("infer", "--help"), ("--version",)):
         r = vitdeploy(*args, cwd=work)
         assert r.returncode == 0 and r.stdout.strip(), (args, r.stderr)
+
+
+def test_explain_compare_refuses_a_model_of_other_classes(work: Path, digits_ckpt: Path) -> None:
+    """Issue 15, item 13: before, explain --compare reported an "agreement" between unrelated labels."""
+    from vitdeploy.stages.export import export_onnx
+
+    names = work / "names.txt"
+    names.write_text("".join(f"digit {i}\n" for i in range(10)))
+    other = work / "other.onnx"
+    export_onnx(digits_ckpt, other, check=False, labels=names)
+    try:
+        r = vitdeploy("explain", "img/a.png", "--model", "model.onnx", "--compare", "other.onnx", "-o", "maps", cwd=work)
+        assert r.returncode == 2 and "class 0 is 'digit 0'" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and not (work / "maps").exists()
+    finally:
+        other.unlink()
+        names.unlink()

@@ -37,11 +37,12 @@ def explain(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from vitdeploy.core.preprocess import list_images
-    from vitdeploy.tools.explain import compare_maps
+    from vitdeploy.tools.explain import check_comparable, compare_maps
     from vitdeploy.tools.explain import explain as run_explain
 
     total = sum(len(list_images(p)) or (1 if p.is_file() else 0) for p in images if p.exists())
     others = list(compare or [])
+    check_comparable(model, others)
     dirs = [out_dir / (c.name[: -len(c.suffix)] if c.suffix else c.name) for c in others]
     with Progress(
         TextColumn("[bold]explain"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

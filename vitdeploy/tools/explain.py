@@ -286,6 +286,35 @@ def compare_maps(reference: ExplainResult, candidate: ExplainResult) -> MapAgree
     )
 
 
+def check_comparable(model: Path, others: Sequence[Path]) -> None:
+    """Refuse, before any map is drawn, a --compare copy of another model: its classes (count and names) must be the
+    reference's, or "top-1 agreement" would compare unrelated labels (verify refuses the same)."""
+    if not others:
+        return
+    from vitdeploy.core.manifest import read_manifest
+    from vitdeploy.runners import artifact_kind
+
+    def labels(p: Path) -> list[str]:
+        if not p.exists():
+            raise VitdeployError(f"{p}: no such file")
+        if artifact_kind(p) == "checkpoint":
+            from vitdeploy.model.importers import read_any_manifest
+
+            return list(read_any_manifest(p).labels)
+        return list(read_manifest(p).labels)
+
+    ref = labels(model)
+    for o in others:
+        got = labels(o)
+        if got != ref:
+            if len(got) != len(ref):
+                why = f"{len(got)} classes, {model.name} has {len(ref)}"
+            else:
+                k = next(i for i, (a, b) in enumerate(zip(got, ref, strict=True)) if a != b)
+                why = f"class {k} is {got[k]!r}, in {model.name} it is {ref[k]!r}"
+            raise UsageError(f"--compare {o}: {why}; compare copies of the same model (its FP16/INT8/ONNX forms)")
+
+
 def output_names(paths: Sequence[Path], out_dir: Path, suffix: str = ".attention.png") -> list[Path]:
     """One PNG per input, named after it; inputs that share a name get their parent folders prefixed."""
     names = [p.stem for p in paths]
