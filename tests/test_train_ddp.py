@@ -33,8 +33,17 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("OMP_NUM_THREADS", "1")
+    env["OMP_NUM_THREADS"] = "1"  # one thread per process: 2 processes on 2 cores
     return env
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> object:
+    """In-process training on one thread: two threads on a shared 2-core machine can run 10x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def _torchrun(args: list[str], cwd: Path, nproc: int = 2) -> subprocess.CompletedProcess[str]:
