@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from vitdeploy import __version__
 from vitdeploy.core.errors import EXIT_FAILED, EXIT_USAGE, VitdeployError
@@ -30,8 +30,9 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 # Not a terminal (a log, a pipe, CI): wide enough that tables keep artifact names on one line.
-console = Console() if sys.stdout.isatty() else Console(width=160)
-err_console = Console(stderr=True)
+# markup off: messages carry file names, and "[x].png" must print as written; styled text is passed as rich.Text
+console = Console(markup=False) if sys.stdout.isatty() else Console(width=160, markup=False)
+err_console = Console(stderr=True, markup=False)
 _state = {"debug": False}
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -53,7 +54,7 @@ def main(
 
 def fail(message: str, code: int = EXIT_FAILED) -> None:
     # the message is text, not markup: "vitdeploy[cpu]" must print as written
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err_console.print(Text.assemble(("error:", "bold red"), f" {message}"), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -79,6 +80,11 @@ def handle_errors(fn: F) -> F:
             fail(f"{type(e).__name__}: {e} (run `vitdeploy --debug ...` for the traceback)", EXIT_FAILED)
 
     return wrapper  # type: ignore[return-value]
+
+
+def styled(label: str, style: str, text: str) -> Text:
+    """``label`` in ``style``, then ``text`` as written (file names with brackets included)."""
+    return Text.assemble((label, style), f" {text}")
 
 
 def usage(message: str) -> None:

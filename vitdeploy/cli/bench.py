@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors
+from vitdeploy.cli.app import app, console, err_console, handle_errors, print_json
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -48,7 +48,7 @@ def benchmark(
     seconds: Optional[float] = typer.Option(None, min=0.0, help="Seconds per row and batch size (default 5 unless --iterations)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Threads for torch, ONNX Runtime and OpenVINO (default: one per core)."),
     device: str = typer.Option("cpu", help="cpu or cuda, for torch and ONNX Runtime rows (engines always run on the GPU)."),
-    json_file: Optional[Path] = typer.Option(None, "--json", help="Write {\"results\": [...], \"machine\", \"versions\", ...} to FILE."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Write {\"results\": [...], \"machine\", \"versions\", ...} to FILE ('-': stdout, without the table)."),
     keep: Optional[Path] = typer.Option(None, help="With --preset: keep the generated artifacts in this folder."),
 ) -> None:
     """Latency p50/p90/p99, images/s and peak memory of each artifact on each backend, with ratios.
@@ -61,10 +61,13 @@ def benchmark(
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from vitdeploy.core.errors import UsageError
-    from vitdeploy.core.fileio import write_text_atomic
+    from vitdeploy.core.fileio import check_output, write_text_atomic
     from vitdeploy.tools.bench import benchmark as run_benchmark
     from vitdeploy.tools.bench import benchmark_preset
 
+    to_stdout = json_file is not None and str(json_file) == "-"
+    if json_file is not None and not to_stdout:
+        check_output(json_file, models or [], option="--json")
     sizes = _ints(batch_sizes, "--batch-sizes")
     backs = [b.strip() for b in backends.split(",") if b.strip()] if backends else None
     if iterations is not None and seconds is not None:
@@ -86,6 +89,9 @@ def benchmark(
             rep = run_benchmark(models or [], sizes, backs, warmup, iterations, seconds, threads, device, say)
     for n in rep.notes:
         err_console.print(f"note: {n}", highlight=False)
+    if to_stdout:
+        print_json(rep.to_dict())
+        return
     m = rep.machine
     console.print(f"{m['cpu']} ({', '.join(m['cpu_flags']) or 'no AVX'}), {m['threads']} threads"
                   + (f", GPU {', '.join(m['gpu'])}" if m["gpu"] else ""), highlight=False)

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.text import Text
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors
+from vitdeploy.cli.app import app, console, err_console, handle_errors, styled
 
 
 @app.command()
@@ -35,11 +36,13 @@ def bundle(
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from vitdeploy.core.errors import UsageError
+    from vitdeploy.core.fileio import check_output
     from vitdeploy.stages.bundle import PRECISIONS, BundleOptions
     from vitdeploy.stages.bundle import bundle as make_bundle
 
     if precision is not None and precision not in PRECISIONS:
         raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    check_output(out, models or [], kind="dir")
     opts = BundleOptions(
         name=name, precision=precision, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
         check_images=tuple(check_images or ()), references=references, force=force, target=target,
@@ -69,6 +72,10 @@ def doctor(
     from vitdeploy.core.fileio import write_text_atomic
     from vitdeploy.tools.doctor import doctor as run_doctor
 
+    if json_out and json_out != "-":
+        from vitdeploy.core.fileio import check_output
+
+        check_output(json_out, option="--json")
     rep = run_doctor()
     d = rep.to_dict()
     if json_out == "-":
@@ -84,17 +91,17 @@ def doctor(
     t.add_row("python", f"{py['version']} ({py['machine']}, {py['system']})")
     t.add_row("packages", "  ".join(f"{k} {v}" for k, v in rep.packages.items() if v) or "—")
     o = rep.onnxruntime
-    t.add_row("onnxruntime", f"{o['version']}: {', '.join(o['providers'])}" if o["available"] else f"[red]missing[/]: {o['why']}")
+    t.add_row("onnxruntime", f"{o['version']}: {', '.join(o['providers'])}" if o["available"] else styled("missing:", "red", o["why"]))
     r = rep.tensorrt
-    trt = f"{r['version']}" if r["available"] else f"[red]missing[/]: {r['why']}"
-    trt += f"; trtexec {r['trtexec']}" if r.get("trtexec") else "; no trtexec"
+    trt = Text(f"{r['version']}") if r["available"] else styled("missing:", "red", r["why"])
+    trt.append(f"; trtexec {r['trtexec']}" if r.get("trtexec") else "; no trtexec")
     t.add_row("tensorrt", trt)
     c = rep.cuda
     if c["available"]:
         gpus = "; ".join(f"{g['name']} (compute {g['compute_capability']}, {g['memory_gib']} GiB)" for g in c["gpus"])
         t.add_row("gpu", f"{gpus}; driver CUDA {c['driver_cuda_version']}" + (f", driver {c['driver_version']}" if c.get("driver_version") else ""))
     else:
-        t.add_row("gpu", f"[red]missing[/]: {c['why']}")
+        t.add_row("gpu", styled("missing:", "red", c["why"]))
     j = rep.jetson
     if j["is_jetson"]:
         jp = f"JetPack {j['jetpack']} (TensorRT {j['jetpack_tensorrt']})" if j.get("jetpack") else "JetPack unknown for this L4T"

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors
+from vitdeploy.cli.app import app, console, err_console, handle_errors, styled
 from vitdeploy.core.errors import EXIT_PARTIAL
 
 
@@ -36,9 +36,12 @@ def build_engine(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from vitdeploy.core.fileio import check_output
     from vitdeploy.stages.engine import BuildOptions, EngineNotBuilt
     from vitdeploy.stages.engine import build_engine as run_build
 
+    if out is not None:
+        check_output(out, [model, calib, timing_cache])
     opts = BuildOptions(
         fp16=fp16, int8=int8, calib=calib, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
         workspace=workspace, timing_cache=timing_cache, dla_core=dla_core, version_compatible=version_compatible,
@@ -59,7 +62,7 @@ def build_engine(
             elif kind == "artifact-done":
                 report_artifact(d)
             elif kind == "warning":
-                err_console.print(f"[yellow]warning:[/] {d['message']}", highlight=False, soft_wrap=True)
+                err_console.print(styled("warning:", "yellow", d["message"]), highlight=False, soft_wrap=True)
             elif kind == "build":
                 prog.update(task, description=f"TensorRT {d['tensorrt']} building {d['engine']} (minutes)",
                             total=None, completed=0)
@@ -68,7 +71,7 @@ def build_engine(
             result = run_build(model, opts, on_event)
         except EngineNotBuilt as e:
             prog.stop()
-            err_console.print(f"[bold yellow]partly done:[/] {e.missing}; the engine is built where TensorRT and the GPU are.",
+            err_console.print(styled("partly done:", "bold yellow", f"{e.missing}; the engine is built where TensorRT and the GPU are."),
                               highlight=False, soft_wrap=True)
             console.print(f"# {e.artifact} is ready. On the target, in this folder:", highlight=False, soft_wrap=True)
             for line in e.commands:
@@ -90,7 +93,7 @@ def report_artifact(made: dict) -> None:
     for path, why in made["skipped"]:
         err_console.print(f"skipped {path}: {why}", highlight=False, soft_wrap=True)
     for w in made["warnings"]:
-        err_console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+        err_console.print(styled("warning:", "yellow", w), highlight=False, soft_wrap=True)
     out = console
     c = made.get("check")
     if c:

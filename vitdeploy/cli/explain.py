@@ -41,7 +41,12 @@ def explain(
     from vitdeploy.tools.explain import explain as run_explain
 
     total = sum(len(list_images(p)) or (1 if p.is_file() else 0) for p in images if p.exists())
+    from vitdeploy.core.fileio import check_output
+
     others = list(compare or [])
+    check_output(out_dir, [model, *images, *others], kind="dir")
+    if json_out is not None:
+        check_output(json_out, [model, *images, *others], option="--json")
     check_comparable(model, others)
     dirs = [out_dir / (c.name[: -len(c.suffix)] if c.suffix else c.name) for c in others]
     with Progress(

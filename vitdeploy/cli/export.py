@@ -39,8 +39,10 @@ def export(
     """Export a checkpoint to ONNX: input pixel_values [batch, 3, H, W], output logits [batch, classes], manifest inside."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from vitdeploy.core.fileio import check_output
     from vitdeploy.stages.export import export_onnx
 
+    check_output(out, [checkpoint, labels], suffixes=(".onnx",))
     with Progress(
         SpinnerColumn(), TextColumn("[bold]export"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
         console=err_console, transient=True, disable=not err_console.is_terminal,

@@ -23,8 +23,10 @@ def import_(
     Every command takes a Hugging Face folder directly, and export and train --init take a timm state dict with
     --arch; convert once here so verify, infer, benchmark and the rest take it as a plain checkpoint.
     """
+    from vitdeploy.core.fileio import check_output
     from vitdeploy.model.importers import import_checkpoint
 
+    check_output(out, [source, labels])  # over its own source, a checkpoint would lose its training state
     path, m = import_checkpoint(source, out, arch=arch, labels=labels)
     pp = m.pp()
     h, w = pp.input_size

@@ -30,10 +30,10 @@ def infer(
     from vitdeploy.tools.infer import gather_images, open_model, write_predictions
     from vitdeploy.tools.infer import infer as run_infer
 
-    if out is not None and out.suffix.lower() not in (".csv", ".json"):
-        from vitdeploy.core.errors import UsageError
+    if out is not None:
+        from vitdeploy.core.fileio import check_output
 
-        raise UsageError(f"-o {out}: the results file must end in .csv or .json")
+        check_output(out, [model, *images], suffixes=(".csv", ".json", ".CSV", ".JSON"))
     paths = gather_images(images)
     runner, notes = open_model(model, backend, threads)
     for n in notes:

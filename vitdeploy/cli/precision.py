@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors
+from vitdeploy.cli.app import app, console, err_console, handle_errors, styled
 from vitdeploy.stages.precision import DEFAULT_METHOD, DEFAULT_QUANTIZE_ATTENTION
 
 
@@ -38,8 +38,11 @@ def calibrate(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from vitdeploy.core.fileio import check_output
     from vitdeploy.stages.precision import calibrate as run_calibrate
+    from vitdeploy.stages.precision import default_out
 
+    check_output(out or default_out(model, "int8"), [model], suffixes=(".onnx",))
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                   TimeElapsedColumn(), console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
         task = prog.add_task("calibrate", total=None, info="")
@@ -60,7 +63,7 @@ def calibrate(
     for path, why in result.skipped:
         err_console.print(f"skipped {path}: {why}", highlight=False)
     for w in result.warnings:
-        err_console.print(f"[yellow]warning:[/] {w}", highlight=False)
+        err_console.print(styled("warning:", "yellow", w), highlight=False)
     q = result.manifest.extra["quantization"]
     ranges = f"ranges reused from {result.cache.name}" if result.cache_reused else f"ranges cached in {result.cache.name}"
     console.print(
@@ -83,6 +86,11 @@ def calibrate(
             f"(drop {f['drop_points']:.2f} points), agreement {f['agreement']:.2%}",
             highlight=False,
         )
+    if result.skipped:  # written from the readable images, as infer and verify do: partly done
+        from vitdeploy.core.errors import EXIT_PARTIAL, VitdeployError
+
+        raise VitdeployError(f"{len(result.skipped)} unreadable calibration image(s) skipped; the INT8 model is written "
+                             "from the rest", EXIT_PARTIAL)
 
 
 @app.command("convert-fp16")
@@ -94,7 +102,10 @@ def convert_fp16(
                                          "trt8.6, trt10, trt11 or ort. Default: the model's target, else none."),
 ) -> None:
     """Convert an ONNX model to FP16: float16 inside, float32 input/output, LayerNorm/Softmax/reductions in float32."""
+    from vitdeploy.core.fileio import check_output
     from vitdeploy.stages.precision import convert_fp16 as run_convert
+    from vitdeploy.stages.precision import default_out
 
+    check_output(out or default_out(model, "fp16"), [model], suffixes=(".onnx",))
     dest = run_convert(model, out, target=target)
     console.print(f"FP16 (LayerNorm, Softmax and reductions kept in float32) → {dest}", highlight=False)

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.text import Text
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors
+from vitdeploy.cli.app import app, console, err_console, handle_errors, print_json, styled
 from vitdeploy.core.errors import EXIT_PARTIAL
 
 
@@ -25,7 +26,7 @@ def verify(
     tolerance: Optional[str] = typer.Option(None, help="Override the per-precision limits: RTOL (e.g. 1e-4) or rtol=R,agreement=A (rtol=none to skip the logit check). Default: fp32 max|Δ| ≤ 1e-4·max(1,max|logit|) and 100% agreement; fp16 1e-2 and 99.9%; int8 99%."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", min=1, help="Images per model call."),
     backend: str = typer.Option("auto", help="auto (each artifact's fastest installed backend), or a backend for the candidates that can run on it (e.g. openvino for ONNX)."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write {\"results\": [...]} (reference first) to FILE."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write {\"results\": [...]} (reference first) to FILE ('-': stdout, without the table)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Inference threads (default: one per core)."),
     report_dir: Optional[Path] = typer.Option(None, "--report", help="Also write an HTML report with plots (index.html + PNGs) into DIR."),
 ) -> None:
@@ -36,8 +37,13 @@ def verify(
 
     from vitdeploy.checks.verify import verify as run_verify
     from vitdeploy.core.errors import VitdeployError
-    from vitdeploy.core.fileio import write_text_atomic
+    from vitdeploy.core.fileio import check_output, write_text_atomic
 
+    to_stdout = json_out is not None and str(json_out) == "-"
+    if json_out is not None and not to_stdout:
+        check_output(json_out, [reference, *candidates], option="--json")
+    if report_dir is not None:
+        check_output(report_dir, [reference, *candidates], kind="dir", option="--report")
     with Progress(
         TextColumn("[bold]verify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=err_console, transient=True, disable=not err_console.is_terminal,
@@ -66,13 +72,16 @@ def verify(
         t.add_column(c, justify="right")
     t.add_column("pass", no_wrap=True)
     for r in report.results:
-        row = [f"{r.artifact}\n[dim]{r.backend} · {r.precision}[/]"]
+        row: list[str | Text] = [Text.assemble(f"{r.artifact}\n", (f"{r.backend} · {r.precision}", "dim"))]
         row += ([_pct(r.top1)] if labeled else []) + ([_pct(r.top5)] if top5 else [])
-        verdict = "ref" if r.is_reference else ("ok" if r.passed else "[bold red]FAIL[/]")
+        verdict = "ref" if r.is_reference else ("ok" if r.passed else Text("FAIL", "bold red"))
         row += [_pct(r.agreement), f"{r.max_abs_diff:.2e}", f"{r.mean_abs_diff:.2e}", f"{r.cosine:.6f}", verdict]
         t.add_row(*row)
-    console.print(t)
-    if json_out is not None:
+    if to_stdout:
+        print_json(report.to_dict())
+    else:
+        console.print(t)
+    if json_out is not None and not to_stdout:
         write_text_atomic(json_out, json.dumps(report.to_dict(), indent=2) + "\n")
         console.print(f"results → {json_out}", highlight=False)
     if report_dir is not None:
@@ -81,7 +90,7 @@ def verify(
         console.print(f"report → {write_report(report, report_dir)}", highlight=False)
     if not report.passed:
         for f in report.failures[1:]:
-            err_console.print(f"[red]outside tolerance:[/] {f}", highlight=False)
+            err_console.print(styled("outside tolerance:", "red", f), highlight=False)
         raise VitdeployError(f"outside tolerance: {report.failures[0]}")
     if report.skipped:
         raise VitdeployError(f"{len(report.skipped)} unreadable image(s) skipped; the rest verified", EXIT_PARTIAL)

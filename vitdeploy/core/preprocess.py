@@ -126,7 +126,9 @@ def load_image(path: str | Path) -> Image.Image:
         raise ImageReadError("no such file") from None
     except Image.UnidentifiedImageError:
         raise ImageReadError("not an image (unrecognised format)") from None
-    except (OSError, SyntaxError, ValueError) as e:
+    except Image.DecompressionBombError as e:  # more pixels than PIL will decode (a decompression bomb)
+        raise ImageReadError(f"too large to decode safely ({str(e).split('(')[-1].split(')')[0]})") from None
+    except Exception as e:  # noqa: BLE001 - any other decoder failure: this file is unreadable, the rest go on
         msg = str(e) or type(e).__name__
         if "truncated" in msg.lower():
             msg = "truncated image"

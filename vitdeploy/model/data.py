@@ -74,15 +74,38 @@ def load_digits_dataset(pp: Preprocess) -> Dataset:
 
 
 def write_digits(out_dir: str | Path) -> tuple[int, int]:
-    """Write the digits set as an ImageFolder (train/, val/) of PNG files; returns the counts."""
+    """Write the digits set as an ImageFolder (train/, val/) of PNG files; returns the counts.
+
+    Written in a folder beside ``out_dir`` and moved into place when complete, so a run killed midway leaves no
+    half set (the next run removes its leftovers)."""
+    import os
+    import shutil
+
+    from vitdeploy.core.errors import UsageError
+    from vitdeploy.core.fileio import temp_dir_beside
+
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out} is a file: give a folder to write the dataset into")
+    for sub in ("train", "val"):
+        if (out / sub).exists():
+            raise UsageError(f"{out / sub} exists: write the dataset to a new folder")
     imgs, y = digits_images()
     tr, va = digits_split()
-    for sub, ix in (("train", tr), ("val", va)):
-        for i in ix:
-            d = out / sub / DIGITS_LABELS[y[i]]
-            d.mkdir(parents=True, exist_ok=True)
-            imgs[i].save(d / f"{i:04d}.png")
+    tmp = temp_dir_beside(out)
+    try:
+        for sub, ix in (("train", tr), ("val", va)):
+            for i in ix:
+                d = tmp / sub / DIGITS_LABELS[y[i]]
+                d.mkdir(parents=True, exist_ok=True)
+                imgs[i].save(d / f"{i:04d}.png")
+        if not out.exists():
+            os.replace(tmp, out)
+        else:
+            for sub in ("train", "val"):
+                os.replace(tmp / sub, out / sub)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return len(tr), len(va)
 
 

@@ -52,6 +52,14 @@ class UnknownPresetError(UsageError, ValueError):
     """An unknown --preset: a usage error (exit 2) that is also the ValueError get_preset raises."""
 
 
+def class_difference(checkpoint: list[str], data: list[str]) -> str:
+    """Where the checkpoint's classes and the data's differ, in words (the first differing class, not two lists)."""
+    if len(checkpoint) != len(data):
+        return f"the checkpoint has {len(checkpoint)} classes, the data {len(data)}"
+    k = next(i for i, (a, b) in enumerate(zip(checkpoint, data, strict=True)) if a != b)
+    return f"class {k} is {checkpoint[k]!r} in the checkpoint and {data[k]!r} in the data"
+
+
 @dataclass
 class TrainOptions:
     preset: str | None = None
@@ -574,9 +582,7 @@ def _train(
     if init_state is not None and source is not None:
         same_head = list(source.labels) == labels and int(source.model["num_classes"]) == len(labels)
         if opts.resume and not same_head:
-            raise VitdeployError(
-                f"--resume: the checkpoint has classes {source.labels[:5]}…, the data {labels[:5]}…; use --init to fine-tune"
-            )
+            raise VitdeployError(f"--resume: {class_difference(list(source.labels), labels)}; use --init to fine-tune")
         state = dict(init_state)
         if not same_head:
             state = {k: v for k, v in state.items() if not k.startswith("head.")}

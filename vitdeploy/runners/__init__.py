@@ -48,7 +48,8 @@ def open_runner(path: str | Path, backend: str = "auto", threads: int | None = N
     want = default_backend(p, device) if backend == "auto" else backend
     ok = BACKENDS_OF_KIND[kind]
     if want not in ok:
-        raise VitdeployError(f"{p}: a {kind} runs on {'/'.join(ok)}, not {want}")
+        what = {"checkpoint": "a checkpoint", "onnx": "an ONNX model", "engine": "a TensorRT engine"}.get(kind, kind)
+        raise UsageError(f"{p}: {what} runs on {' or '.join(ok)}, not {want}: pass --backend {ok[0]} (or auto)")
     if want == "torch":
         from vitdeploy.runners.torch import TorchRunner
 

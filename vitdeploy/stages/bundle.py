@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 
 from vitdeploy.checks.metrics import compare
 from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.fileio import TMP_TAG, temp_dir_beside
 from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest, manifest_from_onnx, tool_versions
 from vitdeploy.core.preprocess import list_images, resized_uint8, to_array
 from vitdeploy.graph.embed import raw_batch, raw_variant_name, write_variant
@@ -357,12 +357,23 @@ def _render(template: str, values: dict[str, Any]) -> str:
     return text
 
 
+def is_bundle(folder: Path) -> bool:
+    """Whether ``folder`` is a bundle vitdeploy wrote (its manifest.json has a bundle section): --force replaces
+    nothing else."""
+    import json
+
+    try:
+        return folder.is_dir() and "bundle" in json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def _replace_dir(tmp: Path, out: Path, force: bool) -> None:
     """Move the finished bundle into place; an existing one is replaced only with force, and only now."""
     if out.exists():
         if not force:
             raise UsageError(f"{out} exists; pass --force to replace it, or choose another -o")
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        old = out.with_name(f".{out.name}{TMP_TAG}{os.getpid()}-old")  # a killed run's is removed by the next
         os.replace(out, old)
         try:
             os.replace(tmp, out)
@@ -390,8 +401,14 @@ def bundle(
         raise UsageError(f"batch profile must satisfy 1 ≤ min ≤ opt ≤ max, got {opts.min_batch}/{opts.opt_batch}/{opts.max_batch}")
     if out.exists() and not opts.force:
         raise UsageError(f"{out} exists; pass --force to replace it, or choose another -o")
+    if out.exists() and not is_bundle(out):
+        raise UsageError(f"{out} is not a vitdeploy bundle (no manifest.json with a bundle section): --force replaces "
+                         "only a bundle; choose another -o")
+    for m in models:
+        if Path(m).resolve().is_relative_to(out.resolve()):
+            raise UsageError(f"-o {out} holds the input {m}: write the bundle to a new folder")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = temp_dir_beside(out)
     try:
         result = _write_bundle(models, tmp, opts, say, cwd)
         _replace_dir(tmp, out, opts.force)

@@ -184,6 +184,8 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
     source = read_onnx_facts(model)  # the one read of the source: manifest, opset and input come from it
     manifest = source.manifest
     plan = plan_artifact(model, manifest.precision, o.fp16, o.int8, o.out, o.dla_core)
+    if plan.make is not None and plan.artifact.exists():
+        kept_guard(plan.artifact)
     if plan.make == "int8" and not Path(o.calib).is_dir():
         raise VitdeployError(
             f"{o.calib}: no such folder of calibration images: put a few hundred images like the ones "
@@ -224,6 +226,19 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
     if problem:
         raise VitdeployError(f"{plan.artifact} is written, but {problem}")
     return compile_engine(plan, art, env, profile, o, emit, made)
+
+
+def kept_guard(artifact: Path) -> None:
+    """Refuse to replace an INT8 artifact that `calibrate` checked with the accuracy guard by an unguarded one."""
+    try:
+        guard = read_onnx_facts(artifact).manifest.extra.get("guard")
+    except VitdeployError:
+        return  # not a vitdeploy model: replaced as any stale output
+    if guard:
+        raise UsageError(
+            f"{artifact} exists and was calibrated with the accuracy guard: build it as it is "
+            f"(`vitdeploy build-engine {artifact}`), or remove it to calibrate anew"
+        )
 
 
 def make_artifact(plan: ArtifactPlan, source: OnnxFacts, calib: Path, emit: Event,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import os
 import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -32,7 +31,7 @@ import numpy as np
 
 from vitdeploy.checks.parity import PARITY_BATCHES, ParityReport, validate_parity
 from vitdeploy.core.errors import ParityError, UsageError, VitdeployError
-from vitdeploy.core.fileio import source_sha256
+from vitdeploy.core.fileio import source_sha256, temp_dir_beside
 from vitdeploy.core.manifest import Manifest, set_onnx_manifest, tool_versions
 from vitdeploy.core.targets import TargetFacts, target_facts
 from vitdeploy.graph.edit import drop_unused_initializers, replace_nodes
@@ -472,7 +471,7 @@ def export_onnx(
     timings["load"] = time.perf_counter() - t
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmpdir = temp_dir_beside(out)
     try:
         step("export", opset=opset)
         t = time.perf_counter()

@@ -69,6 +69,8 @@ def _load(model_onnx: str | Path, loaded: Any = None) -> tuple[Any, Manifest]:
     import onnx
 
     p = Path(model_onnx)
+    if p.is_dir():
+        raise VitdeployError(f"{p} is a folder: pass the ONNX model file (e.g. {p}/model.onnx)")
     if not p.is_file():
         raise VitdeployError(f"{p}: no such ONNX model; export one with `vitdeploy export`")
     try:
@@ -325,8 +327,8 @@ def _fresh_ranges(
     """Ranges from a calibration pass (no valid cache): at least one batch of images is needed."""
     if len(files) < batch_size:
         raise VitdeployError(
-            f"{images} has {len(files)} image(s), fewer than one batch ({batch_size}): "
-            "add images or pass a smaller --batch-size"
+            f"{len(files)} calibration image(s) from {images}, fewer than one batch ({batch_size}): "
+            "add images, raise --num-images or pass a smaller --batch-size"
         )
     return _collect_ranges(model, tensors, files, manifest, batch_size, progress)
 

@@ -325,12 +325,18 @@ def output_names(paths: Sequence[Path], out_dir: Path, suffix: str = ".attention
         if all(c == 1 for c in seen.values()):
             break
         names = [
-            "_".join([*p.parent.parts[-depth:], p.stem]) if seen[n] > 1 else n
+            "_".join([*_folders(p)[-depth:], p.stem]) if seen[n] > 1 else n
             for p, n in zip(paths, names, strict=True)
         ]
     else:  # still clashing (the same file twice): number them
         names = [f"{n}_{i}" for i, n in enumerate(names)]
-    return [out_dir / f"{n}{suffix}" for n in names]
+    # a plain name, never a path: every map lands inside out_dir
+    return [out_dir / f"{n}{suffix}".replace("/", "_").replace("\\", "_") for n in names]
+
+
+def _folders(p: Path) -> tuple[str, ...]:
+    """The parent folders' names, without the root ('/' of an absolute path, or a drive)."""
+    return tuple(q for q in p.parent.parts if q not in (p.anchor, "", "/"))
 
 
 Forward = Callable[[Sequence[Image.Image]], tuple[np.ndarray, list[np.ndarray]]]
