@@ -23,7 +23,7 @@ echo
 echo "== vitdeploy convert-fp16: FP16 with LayerNorm, Softmax and reductions in float32"
 vitdeploy convert-fp16 model.onnx
 echo
-echo "== vitdeploy verify: FP32, FP16 and INT8 ONNX side by side (ONNX Runtime CPU)"
+echo "== vitdeploy verify: FP32, FP16 and INT8 ONNX side by side (on the CPU: OpenVINO where installed, else ONNX Runtime)"
 vitdeploy verify model.onnx model.fp16.onnx model.int8.onnx --images digits/val --json verify-precision.json
 echo
 echo "artifacts in $(pwd):"
