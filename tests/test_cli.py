@@ -55,7 +55,7 @@ def _one_line_error(res, code: int, *words: str) -> None:
 
 def test_train_bad_inputs_are_one_line(tmp_path: Path) -> None:
     _one_line_error(runner.invoke(app, ["train", str(tmp_path / "nope")]), 1, "does not exist")
-    _one_line_error(runner.invoke(app, ["train", "--preset", "vit-nope"]), 1, "vit-tiny")
+    _one_line_error(runner.invoke(app, ["train", "--preset", "vit-nope"]), 2, "vit-tiny")  # a bad option value
     bad = tmp_path / "x.pth"
     bad.write_text("junk")
     _one_line_error(runner.invoke(app, ["train", "--init", str(bad)]), 1, "not a PyTorch checkpoint")

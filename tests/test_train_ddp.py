@@ -196,11 +196,16 @@ def test_accumulation_in_one_process_equals_the_whole_batch() -> None:
 
 
 def test_options_through_a_short_run(tmp_path: Path) -> None:
+    # in its own process, as a user runs it: DataLoader workers started inside the test process, after other tests
+    # had loaded OpenVINO there, left it to die of SIGSEGV at the next child's exit (the whole suite with it)
     out = tmp_path / "ck.pth"
-    r = train(None, TrainOptions(image_size=16, patch_size=4, epochs=1, batch_size=32, accum_steps=2, workers=1,
-                                 precision="fp32", out=out))
-    assert r.precision == "fp32" and out.exists()
-    assert load_checkpoint(out).manifest.training["accum_steps"] == 2
+    code = ("from pathlib import Path; from vitdeploy.model.train import TrainOptions, train\n"
+            "r = train(None, TrainOptions(image_size=16, patch_size=4, epochs=1, batch_size=32, accum_steps=2, "
+            f"workers=1, precision='fp32', out=Path({str(out)!r})))\n"
+            "assert r.precision == 'fp32'\n")
+    r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert out.exists() and load_checkpoint(out).manifest.training["accum_steps"] == 2
 
 
 # --- rendezvous -----------------------------------------------------------------------------------------------
@@ -328,33 +333,43 @@ def test_gpu_tests_skip_with_a_reason_here() -> None:
 # --- decoding in DataLoader workers ---------------------------------------------------------------------------
 
 
-def test_workers_decode_the_folder_and_name_an_unreadable_file_once(mixed_mode_folder: Path, tmp_path: Path) -> None:
-    from vitdeploy.model.data import load_image_folder
-    from vitdeploy.model.train import _load_folder
+_WORKERS_CHECK = """
+import sys
+from pathlib import Path
+import numpy as np
+from vitdeploy.core.preprocess import Preprocess
+from vitdeploy.model.data import load_image_folder
+from vitdeploy.model.train import TrainOptions, _load_folder, train
+from vitdeploy.model.vit import get_preset
+root, out = Path(sys.argv[1]), Path(sys.argv[2])
+pp = Preprocess.from_dict({**get_preset("vit-digits").preprocess, "input_size": [16, 16]})
+a, b = load_image_folder(root, pp, 0.2, 0), _load_folder(root, pp, 0.2, 0, workers=2)
+for sa, sb in ((a.train, b.train), (a.val, b.val)):
+    assert sa.paths == sb.paths and np.array_equal(sa.labels, sb.labels)
+    assert all(np.array_equal(x, y) for x, y in zip(sa.images, sb.images, strict=True))
+assert [Path(p).name for p, _ in b.skipped] == ["broken.png"] == [Path(p).name for p, _ in a.skipped]
+r = train(root, TrainOptions(image_size=16, patch_size=4, epochs=1, batch_size=8, workers=2, out=out))
+assert [Path(p).name for p, _ in r.skipped] == ["broken.png"]
+"""
 
+
+def test_workers_decode_the_folder_and_name_an_unreadable_file_once(mixed_mode_folder: Path, tmp_path: Path) -> None:
+    # in a process of its own (see test_options_through_a_short_run): DataLoader workers, as a user's run has them
     root = tmp_path / "d"
     shutil.copytree(mixed_mode_folder, root)
     (root / "class_1" / "broken.png").write_bytes(b"\x89PNG not really")
-    pp = Preprocess.from_dict({**get_preset("vit-digits").preprocess, "input_size": [16, 16]})
-    a, b = load_image_folder(root, pp, 0.2, 0), _load_folder(root, pp, 0.2, 0, workers=2)
-    for sa, sb in ((a.train, b.train), (a.val, b.val)):
-        assert sa.paths == sb.paths and np.array_equal(sa.labels, sb.labels)
-        assert all(np.array_equal(x, y) for x, y in zip(sa.images, sb.images, strict=True))
-    assert [Path(p).name for p, _ in b.skipped] == ["broken.png"] == [Path(p).name for p, _ in a.skipped]
-    r = train(root, TrainOptions(image_size=16, patch_size=4, epochs=1, batch_size=8, workers=2, out=tmp_path / "o.pth"))
-    assert [Path(p).name for p, _ in r.skipped] == ["broken.png"]
+    r = subprocess.run([sys.executable, "-c", _WORKERS_CHECK, str(root), str(tmp_path / "o.pth")], env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
 
 
-def test_cli_reports_a_worker_skipped_file_once_and_exits_3(
-    mixed_mode_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from vitdeploy.__main__ import main
-
+def test_cli_reports_a_worker_skipped_file_once_and_exits_3(mixed_mode_folder: Path, tmp_path: Path) -> None:
     root = tmp_path / "d"
     shutil.copytree(mixed_mode_folder, root)
     (root / "class_0" / "empty.png").write_bytes(b"")
-    monkeypatch.chdir(tmp_path)
-    code = main(["train", str(root), *TINY[:4], "--epochs", "1", "--batch-size", "8", "--workers", "2", "-o", "o.pth"])
-    err = capsys.readouterr().err
+    r = subprocess.run([sys.executable, "-m", "vitdeploy", "train", str(root), *TINY[:4], "--epochs", "1",
+                        "--batch-size", "8", "--workers", "2", "-o", "o.pth"], cwd=tmp_path, env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    code, err = r.returncode, r.stderr
     assert code == 3, err
     assert err.count("empty.png") == 1 and (tmp_path / "o.pth").exists()

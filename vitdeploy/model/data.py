@@ -189,11 +189,17 @@ def load_image_folder(
     val_fraction: float = 0.1,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    decode: Callable[[Sequence[tuple[Path, int]]], tuple[Split, list[tuple[str, str]]]] | None = None,
 ) -> Dataset:
     """An ImageFolder (or train/ + val/ of them), decoded and resized once.
 
-    Unreadable files are skipped and listed; a class left with no readable image is an error.
+    Unreadable files are skipped and listed; a class left with no readable image is an error. ``decode`` reads the
+    (file, class) pairs (default: here, one after another; training passes one that decodes in DataLoader workers).
     """
+    if decode is None:
+        def decode(items: Sequence[tuple[Path, int]]) -> tuple[Split, list[tuple[str, str]]]:
+            return _decode(items, pp, progress)
+
     r = Path(root)
     if not r.exists():
         raise VitdeployError(f"data folder {r} does not exist: pass a folder with one sub-folder per class")
@@ -209,7 +215,7 @@ def load_image_folder(
     if has_split:
         v = read_labeled_folder(r / "val", classes, require=True, of=f"the classes of {r}/train")
         val_items = list(zip(v.files, v.labels or [], strict=True))
-    train, skipped = _decode(items, pp, progress)
+    train, skipped = decode(items)
     counts = np.bincount(train.labels, minlength=len(classes)) if len(train) else np.zeros(len(classes), int)
     empty = [classes[i] for i in range(len(classes)) if counts[i] == 0]
     if empty:
@@ -217,7 +223,7 @@ def load_image_folder(
             f"class folder(s) with no readable image: {', '.join(empty)} — add images or remove the folder"
         )
     if has_split:
-        val, vskipped = _decode(val_items, pp, progress)
+        val, vskipped = decode(val_items)
         skipped += vskipped
     else:
         train, val = _stratified_split(train, val_fraction, seed)

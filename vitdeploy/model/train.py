@@ -27,18 +27,15 @@ import torch
 import torch.nn.functional as F
 
 from vitdeploy.core.errors import UsageError, VitdeployError
-from vitdeploy.core.fileio import atomic_path
+from vitdeploy.core.fileio import atomic_path, check_output
 from vitdeploy.core.manifest import Manifest, tool_versions
 from vitdeploy.core.preprocess import ImageReadError, Preprocess, load_image, resize_crop
 from vitdeploy.model.checkpoint import load_checkpoint, save_checkpoint
 from vitdeploy.model.data import (
     Dataset,
     Split,
-    _stratified_split,
     load_digits_dataset,
     load_image_folder,
-    read_labeled_folder,
-    scan_image_folder,
 )
 from vitdeploy.model.vit import UnknownPreset, VisionTransformer, ViTConfig, get_preset
 
@@ -195,19 +192,11 @@ def check_options(opts: TrainOptions) -> None:
 
 
 def _check_out(out: Path) -> None:
+    """The one output check (core.fileio.check_output), after the one rule of train's own: a checkpoint is not
+    written under an ONNX or engine name. (``--resume X -o X`` is allowed: X is replaced only at the end.)"""
     if out.suffix.lower() in _NOT_CHECKPOINT_SUFFIXES:
         raise UsageError(f"-o {out}: a checkpoint is a .pth file, not {out.suffix}; pass e.g. -o {out.with_suffix('.pth').name}")
-    if out.is_dir():
-        raise UsageError(f"-o {out} is a folder: pass a file name, e.g. -o {out / 'ckpt.pth'}")
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageError(f"-o {out}: {parent} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"-o {out}: cannot write in {parent}; pass an output in a folder you can write")
-    if out.exists() and not os.access(out, os.W_OK) and not os.access(out.parent, os.W_OK):
-        raise UsageError(f"-o {out}: the file cannot be replaced here")
+    check_output(out)
 
 
 # --- processes --------------------------------------------------------------------------------------------
@@ -415,32 +404,10 @@ def _decode_in_workers(
 
 
 def _load_folder(root: str | Path, pp: Preprocess, val_fraction: float, seed: int, workers: int) -> Dataset:
-    """``load_image_folder`` (the same checks, split and result), with the decoding done in DataLoader workers."""
-    if workers == 0:
+    """``load_image_folder``, with the decoding done in ``workers`` DataLoader processes (none: in this one)."""
+    if workers <= 0:
         return load_image_folder(root, pp, val_fraction, seed)
-    r = Path(root)
-    if not r.is_dir():
-        return load_image_folder(root, pp, val_fraction, seed)  # its one-line error
-    has_split = (r / "train").is_dir() and (r / "val").is_dir()
-    classes, items = scan_image_folder(r / "train" if has_split else r)
-    if len(classes) < 2 or not items:
-        return load_image_folder(root, pp, val_fraction, seed)  # its one-line error
-    val_items: list[tuple[Path, int]] = []
-    if has_split:
-        v = read_labeled_folder(r / "val", classes, require=True, of=f"the classes of {r}/train")
-        val_items = list(zip(v.files, v.labels or [], strict=True))
-    train_split, skipped = _decode_in_workers(items, pp, workers)
-    counts = np.bincount(train_split.labels, minlength=len(classes)) if len(train_split) else np.zeros(len(classes), int)
-    empty = [classes[i] for i in range(len(classes)) if counts[i] == 0]
-    if empty:
-        raise VitdeployError(
-            f"class folder(s) with no readable image: {', '.join(empty)} — add images or remove the folder"
-        )
-    if has_split:
-        val_split, vskipped = _decode_in_workers(val_items, pp, workers)
-        return Dataset(train_split, val_split, classes, r.name, skipped + vskipped)
-    tr, va = _stratified_split(train_split, val_fraction, seed)
-    return Dataset(tr, va, classes, r.name, skipped)
+    return load_image_folder(root, pp, val_fraction, seed, decode=lambda items: _decode_in_workers(items, pp, workers))
 
 
 def _epoch_order(n: int, epoch: int, d: Dist, seed: int, rng: np.random.Generator) -> np.ndarray:

@@ -49,7 +49,7 @@ def open_runner(path: str | Path, backend: str = "auto", threads: int | None = N
     ok = BACKENDS_OF_KIND[kind]
     if want not in ok:
         what = {"checkpoint": "a checkpoint", "onnx": "an ONNX model", "engine": "a TensorRT engine"}.get(kind, kind)
-        raise UsageError(f"{p}: {what} runs on {' or '.join(ok)}, not {want}: pass --backend {ok[0]} (or auto)")
+        raise VitdeployError(f"{p}: {what} runs on {' or '.join(ok)}, not {want}: pass --backend {ok[0]} (or auto)")
     if want == "torch":
         from vitdeploy.runners.torch import TorchRunner
 
