@@ -100,7 +100,7 @@ def probes() -> list[Probe]:
         # item 1: two inputs with one stem, by absolute path: the maps stay inside -o
         P(["explain", "{w}/img/a.png", "{w}/img/a.png", "{w}/img2/a.png", "--model", "model.onnx", "-o", "maps"], 0,
           "one image twice by absolute path", outputs=["maps"], slow=True),
-        P(["calibrate", "model.onnx", "--images", "mixed", "-o", "m.int8.onnx", "--num-images", "16"], 3,
+        P(["calibrate", "model.onnx", "--images", "mixed", "-o", "m.int8.onnx", "--batch-size", "2"], 3,
           "unreadable calibration images", outputs=["m.int8.onnx", "m.int8.calib.json"], slow=True),
         P(["export", "ckpt.pth", "-o", "e.onnx", "--images", "mixed"], 3, "unreadable parity images",
           outputs=["e.onnx"], slow=True),

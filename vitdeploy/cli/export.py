@@ -78,3 +78,8 @@ def export(
         record_raw_variant(result.path, raw_variant_name(result.path.name))
         raw = embed(result.path)
         console.print(f"wrote {raw} (uint8 RGB [batch, H, W, 3] in, preprocessing in the graph)", highlight=False, markup=False)
+    if result.parity is not None and result.parity.skipped:  # checked on the readable images only: partly done
+        from vitdeploy.core.errors import EXIT_PARTIAL, VitdeployError
+
+        raise VitdeployError(f"{len(result.parity.skipped)} unreadable parity image(s) skipped; the model is written "
+                             "and passed on the rest", EXIT_PARTIAL)
