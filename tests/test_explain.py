@@ -272,7 +272,8 @@ def test_explain_unreadable_and_wrong_inputs(digits_ckpt: Path, digits_folder: P
     res = runner.invoke(app, ["explain", str(tmp_path / "nope.png"), "--model", str(digits_ckpt)])
     assert res.exit_code == 1 and "no such file" in res.stderr
     res = runner.invoke(app, ["explain", str(good), "--model", str(digits_ckpt), "-o", str(bad)])
-    assert res.exit_code == 1 and "not a folder" in res.stderr and bad.read_bytes().endswith(b"not really")
+    # an output that cannot be (a file where the maps' folder goes) is refused before any work, as a usage error
+    assert res.exit_code == 2 and "is a file: give a folder" in res.stderr and bad.read_bytes().endswith(b"not really")
 
 
 @pytest.fixture(scope="module")
