@@ -31,3 +31,42 @@ class PartlyDone(VitdeployError):
 
 class ParityError(VitdeployError):
     """An exported or converted model does not answer like its source within the tolerance."""
+
+
+# --- refusal families: tests and callers match on these types, not on message fragments ---
+
+
+class UnreadableArtifact(VitdeployError):
+    """A file named as a model that cannot be read as one (truncated, another format, no manifest)."""
+
+
+class UnknownTarget(UsageError):
+    """A --target (TensorRT line, JetPack release or module) that the target table does not know."""
+
+
+class ImpossibleRequest(UsageError):
+    """A combination that cannot work on the named device (DLA on a module without it, FP8 before Thor, ...)."""
+
+
+class TargetMismatch(VitdeployError):
+    """An artifact made for one target, asked to serve another (re-make it for the one at hand)."""
+
+
+class OpsetTooNew(VitdeployError):
+    """An ONNX opset the target's parser cannot read."""
+
+
+class IncompatibleArtifact(VitdeployError):
+    """Artifacts that are not copies of one model (other classes, labels or input), compared or packed together."""
+
+
+class StaleArtifact(VitdeployError):
+    """A derived artifact whose recorded source is not the source beside it (made from an older model)."""
+
+
+class NonFiniteOutput(VitdeployError):
+    """A model that answers NaN or Inf on some inputs: never a pass, whatever its agreement."""
+
+
+class CudaUnavailable(VitdeployError):
+    """TensorRT is installed but cannot start CUDA (no GPU, or a driver older than TensorRT's CUDA)."""
