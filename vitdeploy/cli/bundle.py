@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -69,9 +68,11 @@ def doctor(
     """What this machine can do: Python packages, ONNX Runtime providers, TensorRT, GPU, Jetson/JetPack, DLA, and which commands work."""
     from rich.table import Table
 
-    from vitdeploy.core.fileio import write_text_atomic
+    from vitdeploy.core.fileio import names_stdout, strict_json, write_text_atomic
     from vitdeploy.tools.doctor import doctor as run_doctor
 
+    if names_stdout(json_out):  # '-', /dev/stdout, /proc/self/fd/1: the JSON alone, on stdout
+        json_out = "-"
     if json_out and json_out != "-":
         from vitdeploy.core.fileio import check_output
 
@@ -79,10 +80,10 @@ def doctor(
     rep = run_doctor()
     d = rep.to_dict()
     if json_out == "-":
-        typer.echo(json.dumps(d, indent=2))
+        typer.echo(strict_json(d))
         return
     if json_out:
-        write_text_atomic(json_out, json.dumps(d, indent=2) + "\n")
+        write_text_atomic(json_out, strict_json(d) + "\n")
 
     t = Table(title="this machine", show_header=False, title_justify="left")
     t.add_column(style="bold")

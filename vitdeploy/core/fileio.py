@@ -5,11 +5,15 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
+import json
+import math
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 # Temporary files and folders beside an output carry this tag and the writer's pid, so a later run can tell
 # the leftovers of a killed run (pid gone) from the work of a running one.
@@ -61,14 +65,94 @@ def _prefix(dest: Path) -> str:
     return f".{dest.name}{TMP_TAG}{os.getpid()}-"
 
 
+# --- outputs that are not plain files ---------------------------------------------------------------------------
+# `--json /dev/stdout`, a named pipe, /dev/null: such an output is a channel, not an artifact. Renaming a temp file
+# over it would replace the channel with a regular file (as root: /dev/null for every process in the container), so
+# it is written to in place; a symlink to a regular file is followed, and its target replaced, the link kept.
+
+
+def _link_chain(path: Path) -> list[Path]:
+    """The path and every symlink hop it goes through (absolute), up to the kernel's own 40-hop limit."""
+    chain = [Path(os.path.abspath(path))]
+    for _ in range(40):
+        cur = chain[-1]
+        try:
+            nxt = os.readlink(cur)
+        except OSError:  # not a link, or gone
+            break
+        chain.append(Path(os.path.normpath(cur.parent / nxt)) if not os.path.isabs(nxt) else Path(nxt))
+    return chain
+
+
+def output_kind(path: str | Path) -> str:
+    """What an output path names: 'file' (absent, or a regular file: written atomically), 'channel' (a character
+    device, FIFO or /proc link such as /dev/stdout: written in place), or a refusal's noun ('socket', 'block device')."""
+    chain = _link_chain(Path(path))
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = 0
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISBLK(mode):
+        return "block device"
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return "channel"
+    if any(str(p) == "/proc" or str(p).startswith("/proc/") for p in chain):
+        return "channel"  # e.g. /dev/stdout → /proc/self/fd/1 → a file the shell opened: its fd is the output
+    return "file"
+
+
+def names_stdout(path: str | Path | None) -> bool:
+    """Whether an output names this process's stdout: '-', or a path (/dev/stdout, /proc/self/fd/1) to the same file."""
+    if path is None:
+        return False
+    if str(path) == "-":
+        return True
+    try:
+        a, b = os.stat(path), os.fstat(1)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _write_in_place(src: Path, dest: Path) -> None:
+    """Copy ``src`` into the channel ``dest``: no create, no truncation, no rename (append to a file behind /proc)."""
+    fd = os.open(dest, os.O_WRONLY | os.O_APPEND)
+    try:
+        with open(src, "rb") as f:
+            while block := f.read(1 << 20):
+                view = memoryview(block)
+                while view:
+                    view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path, suffix: str | None = None) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it into place only if the block succeeds.
 
     The file gets the mode any new file gets here (0666 less the umask; mkstemp alone would leave it 0600, which
     a Triton or DeepStream container running as another user cannot read). Leftovers of a killed earlier run for
-    the same output are removed first."""
-    dest = Path(path)
+    the same output are removed first. A symlink is followed (its target is replaced, the link stays); a channel
+    (character device, FIFO, /proc link: ``output_kind``) gets the finished bytes written into it, never renamed over."""
+    kind = output_kind(path)
+    if kind not in ("file", "channel"):
+        from vitdeploy.core.errors import UsageError
+
+        raise UsageError(f"{path} is a {kind}: give a file name")
+    if kind == "channel":
+        fd, tmp = tempfile.mkstemp(prefix=f"vitdeploy-{os.getpid()}-", suffix=suffix or Path(path).suffix or ".tmp")
+        os.close(fd)
+        tmp_path = Path(tmp)
+        try:
+            yield tmp_path
+            _write_in_place(tmp_path, Path(path))
+        finally:
+            tmp_path.unlink(missing_ok=True)
+        return
+    dest = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(dest)
     fd, tmp = tempfile.mkstemp(prefix=_prefix(dest), suffix=suffix or dest.suffix or ".tmp", dir=dest.parent)
@@ -94,8 +178,53 @@ def temp_dir_beside(dest: str | Path) -> Path:
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) whole or not at all; a channel such as /dev/stdout gets it in place."""
     with atomic_path(path) as tmp:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json_atomic(path: str | Path, obj: Any, indent: int | None = 2) -> None:
+    """``strict_json(obj)`` written whole or not at all, with a final newline."""
+    write_text_atomic(path, strict_json(obj, indent) + "\n")
+
+
+# --- strict JSON and printable names ------------------------------------------------------------------------------
+
+
+def printable_name(name: str | os.PathLike[str] | bytes) -> str:
+    """A file name as text that any terminal, CSV or JSON reader takes: bytes that are not UTF-8 (legal in a Linux
+    name, e.g. b'bad\\xff.png') become ``\\xff`` escapes; valid names print as they are."""
+    raw = os.fsencode(name)
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def _finite_only(obj: Any, where: str, found: list[str]) -> Any:
+    """``obj`` with every NaN/Inf float replaced by None, noting where; numpy scalars and arrays become lists."""
+    if isinstance(obj, dict):
+        return {str(k): _finite_only(v, f"{where}.{k}" if where else str(k), found) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_only(v, f"{where}[{i}]", found) for i, v in enumerate(obj)]
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):  # numpy arrays and scalars
+        return _finite_only(obj.tolist(), where, found)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        found.append(f"{where} ({obj})")
+        return None
+    if isinstance(obj, bytes | os.PathLike):
+        return printable_name(obj)
+    if isinstance(obj, str) and any("\udc80" <= c <= "\udcff" for c in obj):  # a name decoded with surrogateescape
+        return printable_name(obj)
+    return obj
+
+
+def strict_json(obj: Any, indent: int | None = 2) -> str:
+    """JSON that every parser takes (RFC 8259: no bare NaN or Infinity). A non-finite number is written as null,
+    and a top-level object gets a ``non_finite`` note naming each such field (jq would read a bare NaN as null and
+    ``.passed`` as true; Node's JSON.parse would throw)."""
+    found: list[str] = []
+    clean = _finite_only(obj, "", found)
+    if found and isinstance(clean, dict):
+        clean["non_finite"] = f"{len(found)} value(s) were NaN or Inf, written as null: " + ", ".join(found[:20])
+    return json.dumps(clean, indent=indent, allow_nan=False)
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:
@@ -113,9 +242,23 @@ def check_output(out: str | Path, inputs: Iterable[str | Path | None] = (), kind
     from vitdeploy.core.errors import UsageError
 
     o = Path(out)
-    for i in inputs:
-        if i is not None and Path(i).exists() and same_file(o, i):
+    given = [Path(i) for i in inputs if i is not None]
+    for i in given:
+        if i.exists() and same_file(o, i):
             raise UsageError(f"{option} {out} is the input {i}: write the result elsewhere (inputs are never written over)")
+    for i in given:  # a file inside an input folder (a Hugging Face folder's weights, an image folder's files)
+        if i.is_dir() and o.exists() and not o.is_dir() and _inside(o, i):
+            raise UsageError(f"{option} {out} is a file of the input folder {i}: write the result elsewhere "
+                             "(inputs are never written over)")
+    what = output_kind(o)
+    if what in ("socket", "block device"):
+        raise UsageError(f"{option} {out} is a {what}: give a file name")
+    if what == "channel":  # /dev/stdout, a FIFO, /dev/null: written in place, so only the channel must be writable
+        if kind == "dir":
+            raise UsageError(f"{option} {out} is not a folder: give a folder")
+        if not os.access(o, os.W_OK):
+            raise UsageError(f"{option} {out} is not writable here (no permission)")
+        return o
     if kind == "file" and o.is_dir():
         raise UsageError(f"{option} {out} is a folder: give a file name")
     if kind == "dir" and o.exists() and not o.is_dir():
@@ -130,6 +273,15 @@ def check_output(out: str | Path, inputs: Iterable[str | Path | None] = (), kind
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {out}: {parent} is not writable here (read-only or no permission)")
     return o
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` (followed through links) lies inside ``folder``."""
+    try:
+        Path(os.path.realpath(path)).relative_to(os.path.realpath(folder))
+    except ValueError:
+        return False
+    return True
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
