@@ -48,8 +48,8 @@ def worker_main(argv: list[str]) -> int:
 
 def build(folder: Path, calib_images: int, seed: int) -> dict[str, Path]:
     """The FP32 export, our two INT8 graphs and NNCF's INT8 IR, from one random-weight vit-small."""
+    from vitdeploy.core.artifact import read_onnx_manifest
     from vitdeploy.core.images import iter_batches
-    from vitdeploy.core.manifest import read_onnx_manifest
     from vitdeploy.core.preprocess import list_images
     from vitdeploy.stages.export import export_onnx
     from vitdeploy.stages.precision import calibrate

@@ -51,7 +51,7 @@ def accuracy_sweep(ckpt: Path, folder: Path) -> None:
     """Every calibration method, with and without the attention matmuls quantized, plus FP16: top-1 and agreement
     against FP32 on the digits validation split (the measurements behind the defaults)."""
     from vitdeploy.checks.guard import figures, load_eval_set, logits
-    from vitdeploy.core.manifest import read_onnx_manifest
+    from vitdeploy.core.artifact import read_onnx_manifest
     from vitdeploy.model.data import write_digits
     from vitdeploy.stages.export import export_onnx
     from vitdeploy.stages.precision import calibrate, convert_fp16

@@ -15,7 +15,7 @@ from pathlib import Path
 
 def main() -> int:
     from vitdeploy.checks.guard import load_eval_set
-    from vitdeploy.core.manifest import read_onnx_manifest
+    from vitdeploy.core.artifact import read_onnx_manifest
     from vitdeploy.model.data import write_digits
     from vitdeploy.runners import open_runner
     from vitdeploy.stages.export import export_onnx

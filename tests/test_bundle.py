@@ -22,8 +22,9 @@ from test_embed import export_onnx_for_tests, ort_run
 from tritonclient.grpc import model_config_pb2
 from trt_mock import fake_tensorrt
 
+from vitdeploy.core.artifact import read_onnx_manifest
 from vitdeploy.core.errors import UsageError, VitdeployError
-from vitdeploy.core.manifest import read_onnx_manifest, set_onnx_manifest
+from vitdeploy.core.manifest import set_onnx_manifest
 from vitdeploy.core.preprocess import list_images, preprocess_file, resized_uint8
 from vitdeploy.stages.bundle import BundleOptions, bundle
 

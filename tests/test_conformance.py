@@ -24,7 +24,7 @@ from trt_mock import fake_tensorrt
 
 from vitdeploy.checks import conformance as cf
 from vitdeploy.core import trt_table
-from vitdeploy.core.manifest import read_onnx_manifest
+from vitdeploy.core.artifact import read_onnx_manifest
 from vitdeploy.core.targets import TARGET_ROWS, TARGETS
 from vitdeploy.stages.export import export_onnx
 from vitdeploy.stages.precision import calibrate, convert_fp16

@@ -9,9 +9,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from vitdeploy.core.artifact import read_onnx_manifest
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.core.fileio import sha256_file
-from vitdeploy.core.manifest import Manifest, read_onnx_manifest, set_onnx_manifest
+from vitdeploy.core.manifest import Manifest, set_onnx_manifest
 from vitdeploy.core.preprocess import Preprocess, list_images, preprocess_file, resized_uint8
 from vitdeploy.graph.embed import embed_model, embed_preprocess, raw_batch, raw_variant_name
 

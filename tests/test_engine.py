@@ -18,8 +18,9 @@ import pytest
 from typer.testing import CliRunner
 
 from vitdeploy.cli import app
+from vitdeploy.core.artifact import read_manifest
 from vitdeploy.core.errors import EXIT_PARTIAL, EXIT_USAGE, UsageError, VitdeployError
-from vitdeploy.core.manifest import Manifest, read_manifest, set_onnx_manifest, sidecar_path
+from vitdeploy.core.manifest import Manifest, set_onnx_manifest, sidecar_path
 from vitdeploy.core.preprocess import Preprocess
 from vitdeploy.runners.tensorrt.versions import (
     Profile,

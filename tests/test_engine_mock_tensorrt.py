@@ -235,7 +235,8 @@ def _fp16_linear(path: Path) -> Path:
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    from vitdeploy.core.manifest import read_onnx_manifest, set_onnx_manifest
+    from vitdeploy.core.artifact import read_onnx_manifest
+    from vitdeploy.core.manifest import set_onnx_manifest
 
     src = write_linear_onnx(path.with_name("src.onnx"))
     m = convert_float_to_float16(onnx.load(str(src)), keep_io_types=False)
@@ -337,7 +338,8 @@ def test_mock_tensorrt_version_compatible_engine_allows_host_code(mocked: Any) -
 def test_mock_tensorrt_artifact_for_another_target_is_refused(mocked: Any) -> None:
     import onnx
 
-    from vitdeploy.core.manifest import read_onnx_manifest, set_onnx_manifest
+    from vitdeploy.core.artifact import read_onnx_manifest
+    from vitdeploy.core.manifest import set_onnx_manifest
     from vitdeploy.stages.engine import BuildOptions, build_engine
 
     m = onnx.load("model.onnx")

@@ -15,9 +15,10 @@ from typer.testing import CliRunner
 
 from vitdeploy.checks.parity import check_parity
 from vitdeploy.cli import app
+from vitdeploy.core.artifact import read_onnx_manifest
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.core.fileio import sha256_file
-from vitdeploy.core.manifest import Manifest, read_onnx_manifest
+from vitdeploy.core.manifest import Manifest
 from vitdeploy.model.checkpoint import save_checkpoint
 from vitdeploy.model.importers import load_any
 from vitdeploy.model.vit import VisionTransformer, get_preset

@@ -10,7 +10,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-from vitdeploy.core.manifest import read_onnx_manifest
+from vitdeploy.core.artifact import read_onnx_manifest
 from vitdeploy.model.importers import load_any, read_any_manifest
 from vitdeploy.model.vit import VisionTransformer, get_preset
 

@@ -417,7 +417,7 @@ def test_cli_train_init_timm_and_one_line_errors(timm_file: Path, mixed_mode_fol
 
 
 def test_export_hf_folder_matches_transformers_and_carries_labels(hf_dir: Path, real_images: list[Path], tmp_path: Path) -> None:
-    from vitdeploy.core.manifest import read_onnx_manifest
+    from vitdeploy.core.artifact import read_onnx_manifest
     from vitdeploy.runners import open_runner
     from vitdeploy.stages.export import export_onnx
 
@@ -443,7 +443,7 @@ def test_export_hf_folder_matches_transformers_and_carries_labels(hf_dir: Path, 
 
 
 def test_timm_state_dict_gives_reference_logits_in_torch_and_onnx(timm_file: Path, photo_files: list[Path], tmp_path: Path) -> None:
-    from vitdeploy.core.manifest import read_onnx_manifest
+    from vitdeploy.core.artifact import read_onnx_manifest
     from vitdeploy.runners import open_runner
     from vitdeploy.stages.export import export_onnx
 

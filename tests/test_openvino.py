@@ -38,7 +38,7 @@ def work(tmp_path_factory: pytest.TempPathFactory, digits_ckpt: Path) -> Path:
 @pytest.fixture(scope="module")
 def val(work: Path, digits_folder: Path) -> tuple[np.ndarray, np.ndarray]:
     from vitdeploy.checks.guard import load_eval_set
-    from vitdeploy.core.manifest import read_onnx_manifest
+    from vitdeploy.core.artifact import read_onnx_manifest
 
     ev = load_eval_set(digits_folder, read_onnx_manifest(work / "model.onnx"))
     return ev.x[:200], ev.y[:200]
@@ -144,7 +144,7 @@ def _attention_inputs(path: Path) -> list[list[str]]:
 
 
 def test_int8_for_the_cpu_quantizes_attention_scores_not_softmax_v(work: Path) -> None:
-    from vitdeploy.core.manifest import read_onnx_manifest
+    from vitdeploy.core.artifact import read_onnx_manifest
 
     blocks = sum(n.op_type == "Softmax" for n in onnx.load(str(work / "model.onnx")).graph.node)
     fed = _attention_inputs(work / "model.ort.int8.onnx")

@@ -13,8 +13,8 @@ from onnx import TensorProto, numpy_helper
 from typer.testing import CliRunner
 
 from vitdeploy.cli import app
+from vitdeploy.core.artifact import read_onnx_manifest
 from vitdeploy.core.errors import VitdeployError
-from vitdeploy.core.manifest import read_onnx_manifest
 from vitdeploy.stages.precision import calibrate, convert_fp16
 
 REPO = Path(__file__).resolve().parents[1]

@@ -150,7 +150,8 @@ def test_item4_bundle_force_never_deletes_a_folder_that_is_not_a_bundle(work: Pa
 
 
 def test_item5_build_engine_int8_keeps_a_guarded_int8_model(work: Path, tmp_path: Path) -> None:
-    from vitdeploy.core.manifest import read_onnx_manifest, set_onnx_manifest
+    from vitdeploy.core.artifact import read_onnx_manifest
+    from vitdeploy.core.manifest import set_onnx_manifest
 
     src = tmp_path / "model.onnx"
     shutil.copy(work / "model.onnx", src)

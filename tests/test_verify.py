@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 
 from vitdeploy.checks.verify import DEFAULT_TOLERANCES, Tolerance, compare, default_tolerance, verify
 from vitdeploy.cli import app
+from vitdeploy.core.artifact import read_onnx_manifest
 from vitdeploy.core.errors import UsageError, VitdeployError
-from vitdeploy.core.manifest import read_onnx_manifest, set_onnx_manifest
+from vitdeploy.core.manifest import set_onnx_manifest
 from vitdeploy.model.checkpoint import save_checkpoint
 from vitdeploy.model.importers import load_any
 from vitdeploy.stages.export import export_onnx

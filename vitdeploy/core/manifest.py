@@ -15,12 +15,12 @@ from typing import Any
 
 from vitdeploy import __version__
 from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.naming import ENGINE_SUFFIXES, sidecar_name  # noqa: F401 - ENGINE_SUFFIXES re-exported
 from vitdeploy.core.preprocess import Preprocess
 
 FORMAT = "vitdeploy-manifest/1"
 ONNX_KEY = "vitdeploy.manifest"  # on disk: never follows module paths
 CKPT_KEY = "vitdeploy_manifest"
-ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 
 
 @dataclass
@@ -114,24 +114,6 @@ def tool_versions(*names: str) -> dict[str, str]:
     return out
 
 
-def read_onnx_manifest(path: str | Path) -> Manifest:
-    import onnx
-
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as e:
-        raise VitdeployError(f"{path}: not a readable ONNX model ({type(e).__name__}); re-export it") from None
-    return manifest_from_onnx(model, path)
-
-
-def manifest_from_onnx(model: Any, path: str | Path) -> Manifest:
-    """The manifest of an onnx.ModelProto already in memory (``path`` names it in the error)."""
-    for p in model.metadata_props:
-        if p.key == ONNX_KEY:
-            return Manifest.from_json(p.value)
-    raise VitdeployError(f"{path}: an ONNX model without a vitdeploy manifest; export it with `vitdeploy export`")
-
-
 def set_onnx_manifest(model: Any, manifest: Manifest) -> None:
     """Store the manifest in an onnx.ModelProto's metadata_props, replacing an older one."""
     keep = [p for p in model.metadata_props if p.key != ONNX_KEY]
@@ -144,20 +126,5 @@ def set_onnx_manifest(model: Any, manifest: Manifest) -> None:
 
 
 def sidecar_path(engine: str | Path) -> Path:
-    e = Path(engine)
-    return e.with_name(e.name + ".json")
-
-
-def read_manifest(path: str | Path) -> Manifest:
-    """The manifest of an ONNX model or an engine (its sidecar); checkpoints are read by the model layer."""
-    p = Path(path)
-    if not p.exists():
-        raise VitdeployError(f"{p}: no such file or folder")
-    if p.suffix == ".onnx":
-        return read_onnx_manifest(p)
-    if p.suffix in ENGINE_SUFFIXES:
-        side = sidecar_path(p)
-        if not side.exists():
-            raise VitdeployError(f"{p}: no sidecar {side.name} beside the engine; rebuild it with `vitdeploy build-engine`")
-        return Manifest.from_json(side.read_text())
-    raise VitdeployError(f"{p}: not an ONNX model or engine (for a checkpoint, use model.importers.read_any_manifest)")
+    """model.int8.engine → model.int8.engine.json (core.naming.sidecar_name)."""
+    return sidecar_name(engine)

@@ -195,7 +195,7 @@ def embed_preprocess(
     """
     import onnx
 
-    from vitdeploy.core.manifest import manifest_from_onnx
+    from vitdeploy.core.artifact import manifest_from_onnx
 
     src = Path(onnx_path)
     try:
@@ -259,7 +259,8 @@ def record_raw_variant(onnx_path: str | Path, variant: str | Path) -> None:
     """
     import onnx
 
-    from vitdeploy.core.manifest import manifest_from_onnx, set_onnx_manifest
+    from vitdeploy.core.artifact import manifest_from_onnx
+    from vitdeploy.core.manifest import set_onnx_manifest
 
     src = Path(onnx_path)
     model = onnx.load(str(src), load_external_data=False)

@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
+from vitdeploy.core.artifact import read_manifest
 from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.fileio import source_sha256
-from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest, read_manifest, tool_versions
+from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest, tool_versions
 from vitdeploy.model.checkpoint import (
     CKPT_KEY,
     Checkpoint,

@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from vitdeploy.core.artifact import read_onnx_manifest
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.core.host import available_cores
-from vitdeploy.core.manifest import Manifest, read_onnx_manifest
+from vitdeploy.core.manifest import Manifest
 from vitdeploy.runners.base import Runner
 
 

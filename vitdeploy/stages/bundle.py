@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from vitdeploy.checks.metrics import compare
+from vitdeploy.core.artifact import manifest_from_onnx
 from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.fileio import TMP_TAG, temp_dir_beside
-from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest, manifest_from_onnx, tool_versions
+from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest, tool_versions
 from vitdeploy.core.preprocess import list_images, resized_uint8, to_array
 from vitdeploy.graph.embed import raw_batch, raw_variant_name, write_variant
 

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitdeploy.core.artifact import manifest_from_onnx
 from vitdeploy.core.errors import PartlyDone, UsageError, VitdeployError
 from vitdeploy.core.fileio import atomic_path, sha256_file
-from vitdeploy.core.manifest import Manifest, manifest_from_onnx, sidecar_path, tool_versions
+from vitdeploy.core.manifest import Manifest, sidecar_path, tool_versions
 from vitdeploy.core.targets import CPU_TARGETS, target_facts, target_of_version
 from vitdeploy.runners.tensorrt.versions import (
     ArtifactPlan,

@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from vitdeploy.core.artifact import manifest_from_onnx
 from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.fileio import atomic_path, sha256_file, write_text_atomic
-from vitdeploy.core.manifest import Manifest, manifest_from_onnx, set_onnx_manifest, tool_versions
+from vitdeploy.core.manifest import Manifest, set_onnx_manifest, tool_versions
 from vitdeploy.core.targets import CPU_TARGETS, TargetFacts, target_facts
 
 # Defaults chosen by measurement on the digits model (see README "calibrate"):

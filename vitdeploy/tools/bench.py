@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from vitdeploy.core.artifact import read_manifest
 from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.host import available_cores
-from vitdeploy.core.manifest import read_manifest
 from vitdeploy.runners import BACKENDS, BACKENDS_OF_KIND, artifact_kind
 
 DEFAULT_BATCH_SIZES = (1, 8, 32)

@@ -291,7 +291,7 @@ def check_comparable(model: Path, others: Sequence[Path]) -> None:
     reference's, or "top-1 agreement" would compare unrelated labels (verify refuses the same)."""
     if not others:
         return
-    from vitdeploy.core.manifest import read_manifest
+    from vitdeploy.core.artifact import read_manifest
     from vitdeploy.runners import artifact_kind
 
     def labels(p: Path) -> list[str]:
@@ -407,7 +407,7 @@ def _onnx_attention(path: Path, threads: int | None = None) -> AttentionModel:
     import onnx
     import onnxruntime as ort
 
-    from vitdeploy.core.manifest import manifest_from_onnx
+    from vitdeploy.core.artifact import manifest_from_onnx
     from vitdeploy.runners.onnxruntime import session_options
 
     try:

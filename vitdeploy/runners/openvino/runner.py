@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from vitdeploy.core.artifact import read_onnx_manifest
 from vitdeploy.core.errors import VitdeployError
-from vitdeploy.core.manifest import read_onnx_manifest
 from vitdeploy.runners.base import Runner
 from vitdeploy.runners.openvino.loader import compile_config, compile_onnx
 

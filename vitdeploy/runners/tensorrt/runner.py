@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from vitdeploy.core.artifact import read_manifest
 from vitdeploy.core.errors import VitdeployError
-from vitdeploy.core.manifest import read_manifest
 from vitdeploy.runners.base import Runner
 from vitdeploy.runners.tensorrt.versions import read_record, record_profile, require_compatible
 
