@@ -8,10 +8,12 @@ layer reads these facts to decide how to write an artifact; they are derived fro
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from vitdeploy.core import trt_table
+from vitdeploy.core.devices import DeviceFacts, known_names, parse_device
 
 TARGETS: tuple[str, ...] = ("trt8.5", "trt8.6", "trt10", "trt11", "ort")
 CPU_TARGETS: tuple[str, ...] = ("ort",)
@@ -30,6 +32,7 @@ class TargetFacts:
     source: str  # where these facts come from
     rows: tuple[str, ...] = ()  # the version-table rows the target stands for
     unconfirmed: tuple[str, ...] = ()  # facts taken from an earlier release because no source of the row gave them
+    device: DeviceFacts | None = None  # the JetPack / module the user named, where they named one (core/devices.py)
 
 
 # Which rows of the version table (core/trt_table.py) each TensorRT target stands for.
@@ -96,3 +99,75 @@ def target_facts(target: str) -> TargetFacts:
         return FACTS[target]
     except KeyError:
         raise ValueError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}") from None
+
+
+def resolve_target(name: str | None) -> TargetFacts | None:
+    """The one way a command reads ``--target``: a TensorRT line (trt8.5, trt8.6, trt10, trt11, or a version such as
+    trt10.3), ``ort``, or what users know — a JetPack release and/or a Jetson module (core/devices.py). None for none.
+
+    The facts' ``name`` is always the TensorRT line (what the manifest records); ``device`` keeps what was said.
+    An unknown name is UnknownTarget (exit 2) in one line listing the known ones; an impossible pair (a module the
+    JetPack does not support) is ImpossibleRequest.
+    """
+    from vitdeploy.core.errors import UnknownTarget
+
+    if name is None:
+        return None
+    key = name.strip().lower()
+    if key in FACTS:
+        return FACTS[key]
+    ver = key.removeprefix("tensorrt").removeprefix("trt").strip("-_ ")
+    if ver != key and ver[:1].isdigit():
+        try:
+            return FACTS[target_of_version(ver)]
+        except ValueError:
+            pass
+    dev = parse_device(name)
+    if dev is None:
+        raise UnknownTarget(f"unknown target {name!r}: choose a TensorRT line ({', '.join(TARGETS[:-1])}), ort (a CPU), "
+                            f"or {known_names()}")
+    from vitdeploy.core.devices import jetpack
+
+    trt = dev.tensorrt
+    if trt is None:  # a module alone: every JetPack it runs ships the same TensorRT line (checked when parsed)
+        from vitdeploy.core.devices import JETPACKS
+
+        trt = next(j.tensorrt for j in JETPACKS if dev.module in j.modules)
+    else:
+        jetpack(dev.jetpack or "")  # the row exists
+    return dataclasses.replace(FACTS[target_of_version(trt)], device=dev)
+
+
+def check_request(facts: TargetFacts | None, *, dla_core: int | None = None, fp8: bool = False, int8: bool = False,
+                  dynamic_batch: bool = False) -> None:
+    """Refuse, before any work, what cannot work on the named device (ImpossibleRequest, exit 2, one line).
+
+    Only facts the device table confirms refuse: an unconfirmed one (DLA on JetPack 7.x) lets the request through.
+    """
+    from vitdeploy.core.devices import module
+    from vitdeploy.core.errors import ImpossibleRequest
+
+    dev = facts.device if facts is not None else None
+    if dla_core is not None:
+        if facts is not None and facts.name in CPU_TARGETS:
+            raise ImpossibleRequest(f"--dla-core with --target {facts.name}: DLA is on a Jetson, not a CPU target")
+        if dev is not None and dev.module is not None:
+            title = module(dev.module).title
+            if dev.dla_cores == 0:
+                raise ImpossibleRequest(f"{title} has no DLA: drop --dla-core (the engine runs on the GPU)")
+            if dev.dla is False:
+                raise ImpossibleRequest(f"TensorRT {dev.tensorrt} on JetPack {dev.jetpack} has no DLA (10.7 was the last "
+                                        "10.x release with it): drop --dla-core")
+            if dev.dla_cores is not None and dla_core >= dev.dla_cores:
+                raise ImpossibleRequest(f"--dla-core {dla_core}: the {title} has {dev.dla_cores} DLA core(s), "
+                                        f"numbered from 0")
+        if int8 and dynamic_batch:
+            raise ImpossibleRequest("a DLA engine has one fixed batch: drop --min-batch/--max-batch and give the batch "
+                                    "with --opt-batch")
+    if fp8:
+        if facts is not None and facts.name in ("trt8.5", "trt8.6"):
+            raise ImpossibleRequest(f"FP8 with {facts.name}: TensorRT 8.x has no FP8 ONNX path; use a 10.x target")
+        if dev is not None and dev.fp8 is False:
+            title = module(dev.module).title if dev.module else dev.describe()
+            raise ImpossibleRequest(f"FP8 on the {title}: FP8 needs compute capability 8.9+ (Jetson Thor); "
+                                    "use --int8 or --fp16")

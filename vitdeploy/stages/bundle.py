@@ -154,14 +154,12 @@ def check_same_model(manifests: dict[str, Manifest]) -> None:
 def check_target(target: str | None, manifests: dict[Path, Manifest]) -> str | None:
     """The bundle's target: ``target`` when every model was made for it (else one line naming the model, its
     target and the command that re-makes it); without ``target``, the models' own, which must agree."""
-    from vitdeploy.core.targets import target_facts
+    from vitdeploy.core.targets import resolve_target
     from vitdeploy.stages.engine import remake_command
 
-    if target is not None:
-        try:
-            target_facts(target)
-        except ValueError as e:
-            raise UsageError(f"--target: {e}") from None
+    facts = resolve_target(target)  # a TensorRT line, ort, or a JetPack/module: the line it stands for
+    if facts is not None:
+        target = facts.name
         for path, m in manifests.items():
             if m.target != target:
                 made_for = m.target or "no target (the default)"

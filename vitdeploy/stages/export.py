@@ -33,7 +33,7 @@ from vitdeploy.checks.parity import PARITY_BATCHES, ParityReport, validate_parit
 from vitdeploy.core.errors import ParityError, UsageError, VitdeployError
 from vitdeploy.core.fileio import source_sha256, temp_dir_beside
 from vitdeploy.core.manifest import Manifest, set_onnx_manifest, tool_versions
-from vitdeploy.core.targets import TargetFacts, target_facts
+from vitdeploy.core.targets import TargetFacts, resolve_target
 from vitdeploy.graph.edit import drop_unused_initializers, replace_nodes
 
 if TYPE_CHECKING:
@@ -103,17 +103,14 @@ def check_opset(opset: int) -> int:
 
 def check_target(target: str | None, opset: int) -> TargetFacts | None:
     """The target's facts; an unknown target (listing the valid ones) or an opset its parser cannot read is refused."""
-    if target is None:
+    facts = resolve_target(target)  # a TensorRT line, ort, or a JetPack/module (core/devices.py)
+    if facts is None:
         return None
-    try:
-        facts = target_facts(target)
-    except ValueError as e:
-        raise UsageError(f"--target: {e}") from None
     if facts.max_opset is not None and opset > facts.max_opset:
-        raise VitdeployError(f"--opset {opset} is above {facts.max_opset}, the highest opset {target}'s parser reads: "
+        raise VitdeployError(f"--opset {opset} is above {facts.max_opset}, the highest opset {facts.name}'s parser reads: "
                              f"choose --opset {MIN_OPSET}..{facts.max_opset}")
     if not facts.layernorm_op and opset > MIN_OPSET:
-        raise VitdeployError(f"--target {target} writes LayerNorm in primitive ops at opset {MIN_OPSET}: "
+        raise VitdeployError(f"--target {facts.name} writes LayerNorm in primitive ops at opset {MIN_OPSET}: "
                              f"drop --opset {opset}")
     return facts
 
@@ -456,6 +453,7 @@ def export_onnx(
     timings: dict[str, float] = {}
     check_opset(opset)
     facts = check_target(target, opset)
+    target = facts.name if facts is not None else None  # the TensorRT line a device name resolved to
     out = Path(out)
     if out.suffix != ".onnx":
         raise VitdeployError(f"{out}: the output must end in .onnx")

@@ -21,7 +21,7 @@ from vitdeploy.core.artifact import manifest_from_onnx
 from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.fileio import atomic_path, sha256_file, write_text_atomic
 from vitdeploy.core.manifest import Manifest, set_onnx_manifest, tool_versions
-from vitdeploy.core.targets import CPU_TARGETS, TargetFacts, target_facts
+from vitdeploy.core.targets import CPU_TARGETS, TargetFacts, resolve_target
 
 # Defaults chosen by measurement on the digits model (see README "calibrate"):
 DEFAULT_METHOD = "entropy"
@@ -155,13 +155,10 @@ def fp16_artifact(model_onnx: str | Path = "model.onnx", out: str | Path | None 
 
 
 def check_target(target: str | None) -> TargetFacts | None:
-    """The target's facts (None for none); an unknown target is a usage error that lists the valid ones."""
-    if target is None:
-        return None
-    try:
-        return target_facts(target)
-    except ValueError as e:
-        raise UsageError(f"--target: {e}") from None
+    """The target's facts (None for none); an unknown target is a usage error that lists the valid ones.
+
+    A JetPack or module name resolves to its TensorRT line (core/devices.py); callers record ``facts.name``."""
+    return resolve_target(target)
 
 
 def _fit_graph(model: Any, facts: TargetFacts | None, src: Path) -> None:
