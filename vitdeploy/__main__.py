@@ -22,6 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
+    from vitdeploy.cli.app import flag_given_a_value
+
+    hint = flag_given_a_value(sys.argv[1:] if argv is None else list(argv))  # `--int8 True`: one line, not MODEL=True
+    if hint:
+        sys.stderr.write(f"error: {hint}\n")
+        return 2
     try:
         code = app(args=argv, prog_name="vitdeploy", standalone_mode=False)
     except cx.NoArgsIsHelpError as e:  # `vitdeploy` or `vitdeploy CMD` alone: the help, as Typer shows it

@@ -11,6 +11,7 @@ import json
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -34,6 +35,25 @@ app = typer.Typer(
 console = Console(markup=False) if sys.stdout.isatty() else Console(width=160, markup=False)
 err_console = Console(stderr=True, markup=False)
 _state = {"debug": False}
+
+
+def _no_flag_metavar() -> None:
+    """Typer 0.29's rich help shows ``<bool>`` beside every flag (TyperOption.display_type_rich does not skip flags, as
+    its plain-help twin does), so users type ``--int8 True``; a flag takes no value and shows none."""
+    from typer.core import TyperOption
+
+    orig = TyperOption.display_type_rich
+    if getattr(orig, "_vitdeploy", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else orig(self, ctx)
+
+    display_type_rich._vitdeploy = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_no_flag_metavar()
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -89,6 +109,77 @@ def styled(label: str, style: str, text: str) -> Text:
 
 def usage(message: str) -> None:
     fail(message, EXIT_USAGE)
+
+
+BOOL_WORDS = ("true", "false", "yes", "no", "on", "off")
+
+
+def flag_given_a_value(argv: list[str]) -> str | None:
+    """``--int8 True``: a flag followed by a truth word, which click would take as the next argument (a MODEL named
+    'True'). The one-line hint, or None. Only looks further when such a word is on the line (cheap otherwise)."""
+    if not any(a.lower() in BOOL_WORDS for a in argv):
+        return None
+    import typer.main
+
+    group = typer.main.get_command(app)
+    words = [a for a in argv if not a.startswith("-")]
+    cmd = getattr(group, "commands", {}).get(words[0]) if words else None  # typer carries its own click: duck-typed
+    if cmd is None:
+        return None
+    flags = {o: p for p in cmd.params if getattr(p, "is_flag", False) for o in (*p.opts, *p.secondary_opts)}
+    for prev, word in zip(argv, argv[1:], strict=False):
+        if word.lower() in BOOL_WORDS and prev in flags:
+            p = flags[prev]
+            on = p.opts[0]
+            off = p.secondary_opts[0] if p.secondary_opts else None
+            want = word.lower() in ("true", "yes", "on")
+            say = on if want else (off or f"nothing (leave out {on})")
+            return f"{prev} is a flag and takes no value: write {say}, not {prev} {word}"
+    return None
+
+
+def say_target(target: str | None) -> str | None:
+    """The one place a command reads --target: resolved once (TensorRT line, ort, JetPack, module), said once on
+    stderr when it was a device name, and returned as the TensorRT line the manifest records."""
+    from vitdeploy.core.targets import resolve_target
+
+    facts = resolve_target(target)
+    if facts is None:
+        return None
+    if facts.device is not None:
+        dev = facts.device
+        unc = f" (unconfirmed: {'; '.join(dev.unconfirmed)})" if dev.unconfirmed else ""
+        err_console.print(f"target: {dev.describe()} → {facts.name}{unc}", highlight=False, soft_wrap=True)
+    return facts.name
+
+
+def next_step(*commands: str) -> None:
+    """Every command that makes an artifact ends with the command that comes next (DESIGN: Next step)."""
+    if commands:
+        console.print("next: " + "   or   ".join(commands), highlight=False, soft_wrap=True)
+
+
+def emit_json(obj: Any, dest: str | Path | None, inputs: list[Any] | None = None) -> bool:
+    """``--json FILE|-``: write strict JSON to FILE (atomically) or to stdout for '-'; True when it went to stdout
+    (the caller then prints nothing else there). Checks a FILE like every output, before writing."""
+    if dest is None:
+        return False
+    from vitdeploy.core.fileio import check_output, names_stdout, strict_json, write_text_atomic
+
+    if names_stdout(dest):
+        sys.stdout.write(strict_json(obj) + "\n")
+        return True
+    check_output(Path(dest), inputs or [], option="--json")
+    write_text_atomic(Path(dest), strict_json(obj) + "\n")
+    return False
+
+
+def check_json_dest(dest: str | Path | None, inputs: list[Any] | None = None) -> None:
+    """Refuse an unusable --json FILE before any work (the same check emit_json makes when it writes)."""
+    from vitdeploy.core.fileio import check_output, names_stdout
+
+    if dest is not None and not names_stdout(dest):
+        check_output(Path(dest), inputs or [], option="--json")
 
 
 def print_json(obj: Any) -> None:
