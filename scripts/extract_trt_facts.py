@@ -94,7 +94,10 @@ def ls(repo: Path, ref: str, under: str) -> list[str]:
 
 def strip_comments(src: str) -> str:
     src = re.sub(r"/\*.*?\*/", " ", src, flags=re.S)
-    return re.sub(r"//[^\n]*", " ", src)
+    src = re.sub(r"//[^\n]*", " ", src)
+    # Code under `#if ENABLE_INETWORK_SERIALIZE` is not compiled into NVIDIA's bindings: INetworkDefinition.serialize
+    # exists in no compiled release (tests/trt_api.json, the dumps of the real modules 8.6.1 … 11.4.0.106).
+    return re.sub(r"#if\s+ENABLE_INETWORK_SERIALIZE\b.*?#endif", " ", src, flags=re.S)
 
 
 def statements(src: str) -> list[str]:
@@ -309,8 +312,11 @@ def release_facts(trt: Path, otrt: Path | None, ver: str, extra_ops: dict[str, P
     facts: dict[str, Any] = {
         "branch": ref, "commit": commit,
         "python": {"classes": classes, "enums": enums,
-                   "module": sorted(set(names["module"]) | {a or b for a, b in module_py}
-                                 | set(classes) | {e for e in names["enums"] if "." not in e}),
+                   # `from .tensorrt import *` in the package's __init__.py skips _names (m.add_object("_plugin_registry")
+                   # stays on the native module): the dumps of the compiled releases have none on `tensorrt`
+                   "module": sorted(n for n in set(names["module"]) | {a or b for a, b in module_py}
+                                    | set(classes) | {e for e in names["enums"] if "." not in e}
+                                    if not n.startswith("_") or n.startswith("__")),
                    "source": src("python/src/**/*.cpp (pybind11), include/*.h (enum values), "
                                  "python/packaging/**/tensorrt/__init__.py")},
         "trtexec": {"flags": trtexec_flags(opts), "source": src("samples/common/sampleOptions.cpp")},
