@@ -8,7 +8,7 @@ from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.manifest import ENGINE_SUFFIXES
 from vitdeploy.runners.base import Runner
 
-BACKENDS = ("auto", "torch", "onnxruntime", "openvino", "tensorrt")
+BACKENDS = ("auto", "torch", "onnxruntime", "openvino", "tensorrt", "oracle")
 # The backends that can run each kind of artifact.
 BACKENDS_OF_KIND = {"checkpoint": ("torch",), "onnx": ("onnxruntime", "openvino"), "engine": ("tensorrt",)}
 
@@ -45,6 +45,10 @@ def open_runner(path: str | Path, backend: str = "auto", threads: int | None = N
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     kind = artifact_kind(p)
+    if backend == "oracle" and kind == "onnx":  # named only, never picked by auto: what TensorRT computes (runners/oracle)
+        from vitdeploy.runners.oracle.runner import OracleRunner
+
+        return OracleRunner(p, threads=threads)
     want = default_backend(p, device) if backend == "auto" else backend
     ok = BACKENDS_OF_KIND[kind]
     if want not in ok:
