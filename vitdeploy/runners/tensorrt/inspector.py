@@ -188,8 +188,8 @@ def _flops(kind: str, raw: dict[str, Any], inputs: list[tuple[list[int], str]],
         groups = int(raw.get("Groups", 1) or 1)
         return 2 * _prod(y) * x[1] * _prod([int(v) for v in raw["Kernel"]]) // groups
     b = inputs[1][0] if len(inputs) > 1 and len(inputs[1][0]) >= 2 else None
-    k = _reduced_dim(x, b)
-    return 2 * _prod(y) * k if k else None
+    red = _reduced_dim(x, b)
+    return 2 * _prod(y) * red if red else None
 
 
 def _kind(name: str, ltype: str, ptype: str, tactic: str) -> str:
