@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from vitdeploy.core.artifact import manifest_from_onnx
+from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import UsageError, VitdeployError
-from vitdeploy.core.fileio import atomic_path, sha256_file, write_text_atomic
-from vitdeploy.core.manifest import Manifest, set_onnx_manifest, tool_versions
+from vitdeploy.core.fileio import write_text_atomic
+from vitdeploy.core.manifest import Manifest, tool_versions
+from vitdeploy.core.naming import calib_cache_name, precision_name
 from vitdeploy.core.targets import CPU_TARGETS, TargetFacts, resolve_target
 
 # Defaults chosen by measurement on the digits model (see README "calibrate"):
@@ -45,71 +46,49 @@ class CalibrationResult:
     images: int
     skipped: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    model: Any = None  # the onnx.ModelProto written, for a caller that goes on with it (build-engine)
+    artifact: OnnxArtifact | None = None  # the artifact written, for a caller that goes on with it (build-engine)
 
 
 def default_out(model_onnx: str | Path, precision: str) -> Path:
-    """model.onnx → model.int8.onnx / model.fp16.onnx (beside the input)."""
-    p = Path(model_onnx)
-    stem = p.name[: -len(".onnx")] if p.name.endswith(".onnx") else p.stem
-    for tag in (".fp32", ".fp16", ".int8"):
-        if stem.endswith(tag):
-            stem = stem[: -len(tag)]
-    return p.with_name(f"{stem}.{precision}.onnx")
+    """model.onnx → model.int8.onnx / model.fp16.onnx (beside the input; core.naming)."""
+    return precision_name(model_onnx, precision)
 
 
 def cache_path(out: str | Path) -> Path:
-    """The calibration cache beside the INT8 model: model.int8.onnx → model.int8.calib.json."""
-    o = Path(out)
-    return o.with_name(o.name[: -len(".onnx")] + ".calib.json" if o.name.endswith(".onnx") else o.name + ".calib.json")
+    """The calibration cache beside the INT8 model: model.int8.onnx → model.int8.calib.json (core.naming)."""
+    return calib_cache_name(out)
 
 
-def _load(model_onnx: str | Path, loaded: Any = None) -> tuple[Any, Manifest]:
-    """The model and its manifest; ``loaded``: the graph of ``model_onnx`` a caller has read already (the file is
-    then not read again; tensors it left in external data are read from beside it). It may be changed in place."""
-    import onnx
+def as_artifact(model_onnx: str | Path | OnnxArtifact) -> OnnxArtifact:
+    """The artifact a caller passed, or the one opened for a path (read once either way)."""
+    return model_onnx if isinstance(model_onnx, OnnxArtifact) else OnnxArtifact.open(model_onnx)
 
-    p = Path(model_onnx)
-    if p.is_dir():
-        raise VitdeployError(f"{p} is a folder: pass the ONNX model file (e.g. {p}/model.onnx)")
-    if not p.is_file():
-        raise VitdeployError(f"{p}: no such ONNX model; export one with `vitdeploy export`")
-    try:
-        if loaded is None:
-            model = onnx.load(str(p))
-        else:
-            from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
-            model = loaded
-            if any(uses_external_data(t) for t in model.graph.initializer):
-                load_external_data_for_model(model, str(p.parent))
-    except Exception as e:
-        raise VitdeployError(f"{p}: not a readable ONNX model ({type(e).__name__}); re-export it") from None
-    manifest = manifest_from_onnx(model, p)
+def _load(art: OnnxArtifact) -> tuple[Any, Manifest]:
+    """The artifact's graph with its weights in memory (the precision step changes it in place) and its manifest."""
+    model = art.load_weights()
+    manifest = art.manifest
     if (manifest.extra.get("input") or {}).get("preprocess_in_graph"):  # written by `export --embed-preprocess`
         raise VitdeployError(
-            f"{p} has the preprocessing folded into its graph: convert or calibrate the normal export (model.onnx), "
+            f"{art.path} has the preprocessing folded into its graph: convert or calibrate the normal export (model.onnx), "
             "then fold the preprocessing into the result"
         )
     return model, manifest
 
 
-def _save(model: Any, manifest: Manifest, out: Path) -> None:
-    import onnx
-
-    set_onnx_manifest(model, manifest)
-    with atomic_path(out) as tmp:
-        onnx.save(model, str(tmp))
+def _save(model: Any, manifest: Manifest, out: Path) -> OnnxArtifact:
+    return OnnxArtifact.write(model, manifest, out)
 
 
-def _source(path: Path, sha256: str | None = None) -> dict[str, Any]:
-    return {"artifact": path.name, "sha256": sha256 or sha256_file(path)}
+def _source(art: OnnxArtifact) -> dict[str, Any]:
+    return art.source_record()
 
 
 # --- FP16 -------------------------------------------------------------------------------------
 
 
-def convert_fp16(model_onnx: str | Path = "model.onnx", out: str | Path | None = None, target: str | None = None) -> Path:
+def convert_fp16(model_onnx: str | Path | OnnxArtifact = "model.onnx", out: str | Path | None = None,
+                 target: str | None = None) -> Path:
     """Float16 weights and activations, float32 input/output, LayerNorm/Softmax/reductions kept in float32.
 
     ``target``: what the artifact is made for (default: the source's target, else none: the graph TensorRT 8.6,
@@ -118,21 +97,18 @@ def convert_fp16(model_onnx: str | Path = "model.onnx", out: str | Path | None =
     return fp16_artifact(model_onnx, out, target).path
 
 
-@dataclass
-class Fp16Result:
-    path: Path
-    model: Any  # the onnx.ModelProto written
+def fp16_artifact(model_onnx: str | Path | OnnxArtifact = "model.onnx", out: str | Path | None = None,
+                  target: str | None = None) -> OnnxArtifact:
+    """convert_fp16, returning the artifact written (for a caller that goes on with it: build-engine).
 
-
-def fp16_artifact(model_onnx: str | Path = "model.onnx", out: str | Path | None = None, target: str | None = None,
-                  loaded: Any = None) -> Fp16Result:
-    """convert_fp16, for a caller that has read the source already (``loaded``) and goes on with the result."""
+    An ``OnnxArtifact`` passed in is not read again; its graph may be changed in place."""
     from vitdeploy.graph.fp16 import FP32_OPS, fp32_islands, to_fp16
     from vitdeploy.graph.quantize import is_fp16, is_quantized
 
-    src = Path(model_onnx)
+    art = as_artifact(model_onnx)
+    src = art.path
     check_target(target)
-    model, manifest = _load(src, loaded)
+    model, manifest = _load(art)
     if manifest.precision == "fp16" or is_fp16(model):
         raise VitdeployError(f"{src} is already FP16: convert the FP32 model (e.g. model.onnx)")
     if manifest.precision == "int8" or is_quantized(model):
@@ -145,13 +121,12 @@ def fp16_artifact(model_onnx: str | Path = "model.onnx", out: str | Path | None 
     derived = manifest.derive(
         precision="fp16",
         target=target,
-        source=_source(src),
+        source=_source(art),
         float_type="fp16",
         fp16={"fp32_ops": sorted(set(FP32_OPS) & {n.op_type for n in m16.graph.node}), "fp32_nodes": len(fp32_islands(m16))},
         versions=tool_versions("onnx", "onnxruntime"),
     )
-    _save(m16, derived, dest)
-    return Fp16Result(dest, m16)
+    return _save(m16, derived, dest)
 
 
 def check_target(target: str | None) -> TargetFacts | None:
@@ -280,12 +255,13 @@ def _check_options(
         raise UsageError(f"--min-agreement is a fraction from 0 to 1, not {min_agreement}")
 
 
-def _fp32_source(src: Path, loaded: Any = None) -> tuple[Any, Manifest]:
+def _fp32_source(art: OnnxArtifact) -> tuple[Any, Manifest]:
     """The FP32 model to calibrate and its manifest; a quantized, FP16 or pre-13 opset model is refused."""
     from vitdeploy.graph.edit import opset
     from vitdeploy.graph.quantize import is_fp16, is_quantized
 
-    model, manifest = _load(src, loaded)
+    src = art.path
+    model, manifest = _load(art)
     if manifest.precision == "int8" or is_quantized(model):
         raise VitdeployError(f"{src} is already quantized (INT8 Q/DQ): calibrate the FP32 model (e.g. model.onnx)")
     if manifest.precision == "fp16" or is_fp16(model):
@@ -381,7 +357,7 @@ def _quantize(
 
 
 def calibrate(
-    model_onnx: str | Path = "model.onnx",
+    model_onnx: str | Path | OnnxArtifact = "model.onnx",
     images: str | Path = "calibration",
     out: str | Path | None = None,
     num_images: int = 512,
@@ -396,7 +372,6 @@ def calibrate(
     min_agreement: float | None = None,
     target: str | None = None,
     backend: str = "onnxruntime",
-    loaded: Any = None,
 ) -> CalibrationResult:
     """Quantize an FP32 ONNX model to explicit int8 Q/DQ from calibration images; optionally guard its accuracy.
 
@@ -412,8 +387,8 @@ def calibrate(
     ``trt11`` (strongly typed builds that read float16 DequantizeLinear scales) the model goes to opset 19 and the
     Q/DQ pairs, their scales and the quantized GEMMs are float16, so no Cast sits next to a quantized GEMM; for
     ``trt8.5`` LayerNorm is spelled out in primitive ops. ``backend``: the CPU runtime the guard evaluates the INT8 model on (onnxruntime or
-    openvino: where it will run). ``loaded``: the graph of ``model_onnx`` a caller has read already (build-engine),
-    so the file is not read again; it may be changed in place.
+    openvino: where it will run). An ``OnnxArtifact`` passed as ``model_onnx`` (build-engine's) is not read again;
+    its graph may be changed in place.
     """
     from vitdeploy.graph.edit import opset
     from vitdeploy.graph.fp16 import to_fp16
@@ -427,8 +402,9 @@ def calibrate(
         from vitdeploy.runners.openvino.loader import import_openvino
 
         import_openvino()  # one line saying how to install it
-    src = Path(model_onnx)
-    model, manifest = _fp32_source(src, loaded)
+    art = as_artifact(model_onnx)
+    src = art.path
+    model, manifest = _fp32_source(art)
     target = target or manifest.target
     facts = check_target(target)
     if float_type is None:
@@ -451,7 +427,7 @@ def calibrate(
     files = _sample_images(images, num_images, seed)
     warnings: list[str] = []
     tensors = tensors_to_calibrate(all_layers)
-    model_sha = sha256_file(src)
+    model_sha = art.sha256
     key = _cache_key(model_sha, files, tensors)
     cpath = cache_path(dest)
     cached = _read_cache(cpath, key)
@@ -493,13 +469,13 @@ def calibrate(
     if target in CPU_TARGETS:
         quant["attention_scores"] = True
     quant["scales"] = "float16" if float_type == "fp16" and facts is not None and facts.fp16_dq_scales else "float32"
-    derived = manifest.derive(precision="int8", target=target, source=_source(src, model_sha), float_type=float_type,
+    derived = manifest.derive(precision="int8", target=target, source=_source(art), float_type=float_type,
                               quantization=quant, versions=tool_versions("onnx", "onnxruntime"))
     if guard_info is not None:
         derived.extra["guard"] = guard_info
     if not reused:
         _write_cache(cpath, key, model_sha, files, n_read, ranges)
-    _save(qmodel, derived, dest)
+    written = _save(qmodel, derived, dest)
     return CalibrationResult(
         path=dest,
         manifest=derived,
@@ -511,6 +487,6 @@ def calibrate(
         images=n_read,
         skipped=skipped,
         warnings=warnings,
-        model=qmodel,
+        artifact=written,
     )
 
