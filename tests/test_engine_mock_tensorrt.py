@@ -1,11 +1,12 @@
 """build-engine and the TensorRT runner driven through a MOCK of TensorRT and of libcudart.
 
-TensorRT cannot be installed here, so these tests replace the ``tensorrt`` module with tests/trt_mock.py: its
-names and enum values per version come from the version table (NVIDIA's sources), a name a version lacks raises
-AttributeError, its parser fails on ops the version does not parse, ``set_input_shape`` refuses shapes outside the
-profile (its "engine" runs the ONNX file with ONNX Runtime), and libcudart is replaced with host memory. They check our side only: which TensorRT calls are made per version,
-what is written (plan bytes as is, sidecar, timing cache), and the runner's buffers, padding, splitting
-and dtype handling. They prove nothing about TensorRT itself; the ``tensorrt``-marked tests do that.
+TensorRT cannot run here, so these tests replace the ``tensorrt`` module with tests/trt_mock.py: a module generated
+from NVIDIA's compiled bindings of that release (tests/trt_api.json: classes, signatures, enums, deprecations), whose
+arguments are checked as pybind11 checks them and whose missing names raise AttributeError. Its parser records what
+it is given and judges nothing; its "engine" runs the ONNX file with ONNX Runtime; libcudart is replaced with host
+memory. They check our side only: which TensorRT calls are made per release, what is written (plan bytes as is,
+sidecar, timing cache), the runner's buffers, padding, splitting and dtype handling, and what a user reads when CUDA
+cannot start. They prove nothing about TensorRT itself.
 """
 
 from __future__ import annotations
@@ -17,12 +18,37 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_engine import write_linear_onnx  # tests/ is on sys.path (rootdir conftest)
-from trt_mock import fake_tensorrt
+from trt_mock import NULLPTR, fake_tensorrt, releases
 
-from vitdeploy.core.errors import UsageError, VitdeployError
-from vitdeploy.core.manifest import sidecar_path
+from vitdeploy.core.errors import CudaUnavailable, UsageError, VitdeployError
+from vitdeploy.core.manifest import Manifest, set_onnx_manifest, sidecar_path
+from vitdeploy.core.preprocess import Preprocess
 from vitdeploy.runners.tensorrt import cuda
+
+
+def write_linear_onnx(path: Path, precision: str = "fp32", seed: int = 0) -> Path:
+    """pixel_values [N,3,32,32] → Flatten → Gemm → logits [N,10], opset 17, with a vitdeploy manifest."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.normal(0, 0.02, (3 * 32 * 32, 10)).astype(np.float32), "W")
+    b = numpy_helper.from_array(np.zeros(10, np.float32), "B")
+    graph = helper.make_graph(
+        [helper.make_node("Flatten", ["pixel_values"], ["flat"], axis=1, name="flatten"),
+         helper.make_node("Gemm", ["flat", "W", "B"], ["logits"], name="head")],
+        "linear",
+        [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        [w, b],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    pp = Preprocess(input_size=(32, 32), resize_mode="squash", interpolation="bilinear")
+    set_onnx_manifest(model, Manifest(model={"num_classes": 10, "image_size": [32, 32]},
+                                      labels=[str(i) for i in range(10)], preprocess=pp.to_dict(),
+                                      name="tiny-linear", precision=precision))
+    onnx.save(model, str(path))
+    return path
 
 
 class FakeHostCuda:
@@ -82,9 +108,9 @@ def mocked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(cuda, "CudaRuntime", lambda *a, **k: fake_cuda)
     state: dict[str, Any] = {"calls": [], "onnx": {}, "cuda": fake_cuda}
 
-    def install(version: str, input_dtype: Any = np.float32) -> list[tuple]:
+    def install(version: str, **switches: Any) -> list[tuple]:
         state["calls"].clear()
-        monkeypatch.setitem(__import__("sys").modules, "tensorrt", fake_tensorrt(version, state["calls"]))
+        monkeypatch.setitem(__import__("sys").modules, "tensorrt", fake_tensorrt(version, state["calls"], **switches))
         return state["calls"]
 
     state["install"] = install
@@ -96,12 +122,12 @@ def _plan(calls: list[tuple]) -> bytes:
     return next(c[1] for c in calls if c[0] == "deserialize")
 
 
-# create_network's bits: 1 << the member's value in include/NvInfer.h of that release (read into the facts):
-# 8.5 EXPLICIT_BATCH = 0; 10.x STRONGLY_TYPED = 1; 11.x STRONGLY_TYPED = 0.
+# create_network's bits: 1 << the member's value in the compiled bindings of that release (tests/trt_api.json;
+# 8.5: include/NvInfer.h, read into the facts): 8.5 EXPLICIT_BATCH = 0; 10.x STRONGLY_TYPED = 1; 11.x STRONGLY_TYPED = 0.
 @pytest.mark.parametrize("version,flags_bits,builder_flags", [
     ("8.5.2.2", 1 << 0, []),
     ("10.3.0.30", 1 << 1, []),
-    ("11.1.0", 1 << 0, []),
+    ("11.1.0.106", 1 << 0, []),
 ])
 def test_mock_tensorrt_build_writes_plan_sidecar_and_cache(mocked: Any, version: str, flags_bits: int,
                                                            builder_flags: list[str]) -> None:
@@ -168,7 +194,7 @@ def test_mock_tensorrt_dla_core_beyond_the_device_is_refused_before_building(moc
     assert not any(c[0] in ("parse", "build") for c in calls)
 
 
-@pytest.mark.parametrize("version,limit", [("8.6.2", 17), ("9.3.0", 19), ("10.0.1", 20)])
+@pytest.mark.parametrize("version,limit", [("8.6.1", 17), ("10.0.1", 20)])
 def test_mock_tensorrt_refuses_an_opset_its_parser_cannot_read(mocked: Any, version: str, limit: int) -> None:
     import onnx
 
@@ -184,33 +210,21 @@ def test_mock_tensorrt_refuses_an_opset_its_parser_cannot_read(mocked: Any, vers
     assert not any(c[0] in ("parse", "build") for c in calls) and not list(Path(".").glob("*.engine"))
 
 
-def test_mock_tensorrt_parser_fails_on_an_op_the_version_does_not_parse(mocked: Any) -> None:
-    """8.5's parser has no LayerNormalization importer (onnx-tensorrt 8.5-GA operators.md: N); 8.6's has."""
-    import onnx
-    from onnx import TensorProto, helper
-
+def test_mock_tensorrt_parser_errors_are_one_line_and_nothing_is_written(mocked: Any) -> None:
+    """The parser judges nothing; told to fail, its errors reach the user in one line and no engine is written."""
     from vitdeploy.stages.engine import BuildOptions, build_engine
 
-    m = onnx.load("model.onnx")
-    g = m.graph
-    g.initializer.extend([onnx.numpy_helper.from_array(np.ones(10, np.float32), "ln_s"),
-                          onnx.numpy_helper.from_array(np.zeros(10, np.float32), "ln_b")])
-    g.node[-1].output[0] = "pre"
-    g.node.append(helper.make_node("LayerNormalization", ["pre", "ln_s", "ln_b"], ["logits"], axis=-1))
-    del g.value_info[:]
-    onnx.save(m, "model.onnx")
-    assert g.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
-    calls = mocked["install"]("8.5.2.2")
-    with pytest.raises(VitdeployError, match="cannot parse it: LayerNormalization is not supported"):
+    calls = mocked["install"]("10.3.0", parser_errors=["node head: Gemm: unsupported\nsecond line", "another"])
+    with pytest.raises(VitdeployError, match="cannot parse it: node head: Gemm: unsupported") as e:
         build_engine("model.onnx", BuildOptions())
-    assert not any(c[0] == "build" for c in calls)
-    mocked["install"]("8.6.1")
-    build_engine("model.onnx", BuildOptions())
+    assert "\n" not in str(e.value).replace("\\n", "") or str(e.value).count("\n") <= 1
+    assert ("parse", "model.onnx") in calls and not any(c[0] == "build" for c in calls)
+    assert not list(Path(".").glob("*.engine"))
 
 
 def test_mock_tensorrt_missing_api_raises_attribute_error() -> None:
     """Names a release does not have are absent from the mock, as from the real module (facts from pyCore.cpp)."""
-    t85, t86, t10, t11 = (fake_tensorrt(v) for v in ("8.5.2.2", "8.6.1", "10.3.0", "11.1.0"))
+    t85, t86, t10, t11 = (fake_tensorrt(v) for v in ("8.5.2.2", "8.6.1", "10.3.0", "11.1.0.106"))
     with pytest.raises(AttributeError):
         t85.NetworkDefinitionCreationFlag.STRONGLY_TYPED  # noqa: B018 - added in 9.x
     with pytest.raises(AttributeError):
@@ -224,7 +238,6 @@ def test_mock_tensorrt_missing_api_raises_attribute_error() -> None:
     assert int(t86.BuilderFlag.VERSION_COMPATIBLE) >= 0
     assert int(t10.NetworkDefinitionCreationFlag.STRONGLY_TYPED) == 1
     assert int(t11.NetworkDefinitionCreationFlag.STRONGLY_TYPED) == 0
-    assert int(fake_tensorrt("9.3.0").NetworkDefinitionCreationFlag.STRONGLY_TYPED) == 2
     rt = t10.Runtime(t10.Logger(t10.Logger.WARNING))
     with pytest.raises(AttributeError):
         rt.no_such_call()
@@ -270,7 +283,7 @@ def test_mock_tensorrt_runner_matches_onnxruntime_and_reuses_buffers(mocked: Any
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
     np.testing.assert_allclose(again, want[:8], rtol=tol, atol=tol)
     assert [c[1] for c in calls if c[0] == "execute"] == [8, 8, 3, 8]
-    assert calls[0][0] == "deserialize" and calls[0][2] is False
+    assert calls[0][0] == "deserialize" and not calls[0][2]  # host code left as TensorRT defaults it
     assert mocked["cuda"].blocks == {}  # close() freed everything
 
 
@@ -327,9 +340,9 @@ def test_mock_tensorrt_version_compatible_engine_allows_host_code(mocked: Any) -
     build_engine("model.onnx", BuildOptions(version_compatible=True))
     assert ("flag", "VERSION_COMPATIBLE") in calls
     plan = json.loads(Path("model.fp32.engine").read_bytes())
-    plan["version"] = "11.1.0"  # the mock loads only its own version's plans; a real VC plan loads on 11
+    plan["version"] = "11.1.0.106"  # the mock loads only its own version's plans; a real VC plan loads on 11
     Path("model.fp32.engine").write_bytes(json.dumps(plan).encode())
-    calls = mocked["install"]("11.1.0")
+    calls = mocked["install"]("11.1.0.106")
     with open_runner("model.fp32.engine"):
         pass
     assert calls[0][0] == "deserialize" and calls[0][2] is True
@@ -355,3 +368,88 @@ def test_mock_tensorrt_artifact_for_another_target_is_refused(mocked: Any) -> No
     assert not any(c[0] in ("parse", "build") for c in calls) and not list(Path(".").glob("*.engine"))
     mocked["install"]("8.5.2.2")
     build_engine("model.onnx", BuildOptions())  # on its own target it builds
+
+
+# ---------------------------------------------------------------- what the mock is: the real API's shape
+
+
+@pytest.mark.parametrize("version", ["8.6.1", "10.3.0", "11.4.0.106"])
+def test_mock_enum_members_are_not_ints_and_shifting_one_raises(version: str) -> None:
+    """``1 << member`` raises TypeError and ``member == int(member)`` is False, as the real bindings showed."""
+    trt = fake_tensorrt(version)
+    ncf = trt.NetworkDefinitionCreationFlag
+    member = ncf.STRONGLY_TYPED if hasattr(ncf, "STRONGLY_TYPED") else ncf.EXPLICIT_BATCH
+    with pytest.raises(TypeError, match="unsupported operand"):
+        1 << member  # noqa: B018
+    assert member != int(member) and not isinstance(member, int) and 1 << int(member) >= 1
+    d = trt.Dims([1, 3, 32, 32])
+    with pytest.raises(TypeError):
+        json.dumps(d)
+    with pytest.raises(TypeError):
+        d + (3,)  # noqa: B018
+    assert d == (1, 3, 32, 32) and tuple(d) == (1, 3, 32, 32) and len(d) == 4
+
+
+def test_mock_checks_argument_types_like_pybind11() -> None:
+    trt = fake_tensorrt("10.3.0")
+    with pytest.raises(TypeError, match="incompatible constructor arguments"):
+        trt.Logger("WARNING")
+    with pytest.raises(TypeError, match="incompatible constructor arguments"):
+        trt.OnnxParser(None, trt.Logger())
+    with pytest.raises(TypeError, match="No constructor defined"):
+        trt.ICudaEngine()
+    builder = trt.Builder(trt.Logger())
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        builder.create_network(1.5)
+    net = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(net, trt.Logger())
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        parser.parse_from_file(Path("model.onnx"))  # a str, not a Path
+    config = builder.create_builder_config()
+    with pytest.raises(TypeError):
+        config.set_flag(3)  # a BuilderFlag member, not its int
+    with pytest.raises(AttributeError):
+        builder.no_such_call()  # noqa: B018
+
+
+@pytest.mark.parametrize("version", releases())
+def test_mock_constructors_fail_like_tensorrt_without_cuda(version: str) -> None:
+    """The real bindings of every release said this with factories that return NULL (tests/trt_api.json)."""
+    from trt_mock import api
+
+    probes = api(version)["runtime"]
+    assert probes["Runtime(logger)"] == probes["Builder(logger)"] == f"raises TypeError: {NULLPTR}"
+    trt = fake_tensorrt(version, fail={"Runtime", "Builder", "OnnxParser"})
+    for make in (lambda: trt.Runtime(trt.Logger()), lambda: trt.Builder(trt.Logger())):
+        with pytest.raises(TypeError, match=NULLPTR.replace("(", r"\(").replace(")", r"\)")):
+            make()
+
+
+# ---------------------------------------------------------------- CUDA that cannot start: one line
+
+
+def test_mock_tensorrt_runner_says_cuda_and_the_driver_when_the_runtime_cannot_start(mocked: Any) -> None:
+    from vitdeploy.runners import open_runner
+    from vitdeploy.stages.engine import BuildOptions, build_engine
+
+    mocked["install"]("10.3.0")
+    build_engine("model.onnx", BuildOptions())
+    mocked["install"]("10.3.0", fail={"Runtime"})
+    with pytest.raises(CudaUnavailable) as e:
+        open_runner("model.fp32.engine")
+    msg = str(e.value)
+    assert "CUDA" in msg and "driver" in msg and "\n" not in msg and e.value.exit_code == 1
+    mocked["install"]("10.3.0", no_context=True)
+    with pytest.raises(CudaUnavailable, match="execution context") as e:
+        open_runner("model.fp32.engine")
+    assert "driver" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_doctor_says_cuda_and_the_driver_when_tensorrt_cannot_start_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vitdeploy.tools.doctor import probe_tensorrt
+
+    monkeypatch.setitem(__import__("sys").modules, "tensorrt", fake_tensorrt("10.3.0", fail={"Runtime"}))
+    out = probe_tensorrt()
+    assert out["available"] is False and "CUDA" in out["why"] and "driver" in out["why"]
+    monkeypatch.setitem(__import__("sys").modules, "tensorrt", fake_tensorrt("10.3.0"))
+    assert probe_tensorrt()["available"] is True

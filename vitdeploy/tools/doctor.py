@@ -91,6 +91,14 @@ def probe_tensorrt() -> dict[str, Any]:
         out["why"] = trt
     else:
         out.update(available=True, version=str(trt.__version__))
+        from vitdeploy.runners.tensorrt.errors import cuda_failure, is_cuda_failure
+
+        try:  # the bindings load without CUDA; a Runtime needs it (nullptr TypeError when CUDA cannot start)
+            trt.Runtime(trt.Logger(trt.Logger.ERROR))
+        except TypeError as e:
+            if not is_cuda_failure(e):
+                raise
+            out.update(available=False, why=str(cuda_failure("trt.Runtime", str(trt.__version__))))
     return out
 
 

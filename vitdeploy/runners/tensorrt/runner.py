@@ -72,8 +72,10 @@ class TensorRTRunner(Runner):
     def _load(self, path: Path, rec: dict[str, Any]) -> None:
         import tensorrt as trt
 
+        from vitdeploy.runners.tensorrt.errors import no_context, trt_call
+
         self._logger = trt.Logger(trt.Logger.WARNING)
-        self._runtime = trt.Runtime(self._logger)
+        self._runtime = trt_call(trt.Runtime, self._logger, what="trt.Runtime")  # CUDA that cannot start: one line
         if rec.get("version_compatible"):
             self._runtime.engine_host_code_allowed = True  # version-compatible plans carry their lean runtime
         dla_core = (rec.get("options") or {}).get("dla_core")
@@ -88,7 +90,7 @@ class TensorRTRunner(Runner):
         self.engine = engine
         self.context = engine.create_execution_context()
         if self.context is None:
-            raise VitdeployError(f"{path}: TensorRT could not create an execution context (out of GPU memory?)")
+            raise no_context(path)
         inputs: list[str] = []
         outputs: list[str] = []
         for i in range(engine.num_io_tensors):

@@ -10,6 +10,9 @@ The default model is the raw-pixel variant (uint8 RGB in, logits out: scaling,
 mean/std and layout are inside the graph), so this program only decodes,
 resizes and crops, exactly as vitdeploy does. With an engine built by
 ./build_engine.sh beside the ONNX it runs on TensorRT, else on ONNX Runtime.
+
+Every failure is one line on stderr and exit 1 (2 for a wrong option); RUN_PY_DEBUG=1 shows the traceback. Every
+run first checks the model file against the SHA-256 that manifest.json records (--check: every model file).
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import hashlib
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -125,12 +130,30 @@ class OrtModel:
         import onnxruntime as ort
 
         providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
-        self.session = ort.InferenceSession(str(path), providers=providers)
+        try:
+            self.session = ort.InferenceSession(str(path), providers=providers)
+        except Exception as e:  # noqa: BLE001 - InvalidProtobuf, NoSuchFile, ...: one line
+            raise SystemExit(f"error: {path.name}: ONNX Runtime cannot load it ({type(e).__name__}: "
+                             f"{_first_line(e)}): copy the bundle again") from None
         self.input = self.session.get_inputs()[0].name
         self.max_batch = None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(self.session.run(None, {self.input: x})[0], np.float32)
+
+
+NULLPTR = "factory function returned nullptr"
+DRIVER_ADVICE = ("check the NVIDIA driver (nvidia-smi; on a Jetson, the JetPack install): it must be new enough for "
+                 "this TensorRT's CUDA")
+
+
+def cuda_message(what: str) -> str:
+    """TensorRT's ``pybind11::init(): factory function returned nullptr`` in words that name CUDA and the driver."""
+    return f"TensorRT could not start CUDA ({what} failed: {NULLPTR}); {DRIVER_ADVICE}"
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]
 
 
 class CudaRT:
@@ -192,7 +215,12 @@ class TrtModel:
         self.trt = trt
         self.cuda = CudaRT()
         logger = trt.Logger(trt.Logger.WARNING)
-        runtime = trt.Runtime(logger)
+        try:
+            runtime = trt.Runtime(logger)
+        except TypeError as e:  # libnvinfer's factory returned NULL: CUDA did not start (every release 8.6 … 11.4)
+            if NULLPTR not in str(e):
+                raise
+            raise RuntimeError(cuda_message("trt.Runtime")) from None
         self.dla_core = engine_dla_core(path) if dla_core is None else dla_core
         if self.dla_core is not None:  # a DLA engine loads on the core it was built for (trtexec sets it too)
             runtime.DLA_core = int(self.dla_core)
@@ -201,6 +229,9 @@ class TrtModel:
         if self.engine is None:
             raise RuntimeError(f"{path}: TensorRT cannot load this engine (built by another TensorRT version or GPU?): rebuild it with ./build_engine.sh")
         self.context = self.engine.create_execution_context()
+        if self.context is None:
+            raise RuntimeError(f"{path.name}: TensorRT could not create an execution context (out of GPU memory, or "
+                               f"CUDA failed): free GPU memory and try again; {DRIVER_ADVICE}")
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
@@ -267,8 +298,11 @@ def open_model(path: Path, backend: str, dla_core: int | None = None) -> OrtMode
         except ImportError:
             if backend == "tensorrt":
                 raise SystemExit("error: TensorRT's Python bindings are missing (JetPack: sudo apt install python3-libnvinfer)") from None
-        except RuntimeError as e:  # a foreign engine, no CUDA runtime: one line, no traceback
+        except RuntimeError as e:  # a foreign engine, no CUDA runtime, CUDA that cannot start: one line
             raise SystemExit(f"error: {e}") from None
+        except Exception as e:  # noqa: BLE001 - a tensorrt module that is not TensorRT's, a garbage plan, ...
+            raise SystemExit(f"error: {plan_file.name}: TensorRT cannot load it ({type(e).__name__}: {_first_line(e)}); "
+                             "rebuild it with ./build_engine.sh, or run the ONNX with --backend onnxruntime") from None
     elif backend == "tensorrt":
         raise SystemExit(f"error: no engine {plan_file.name}: build it with ./build_engine.sh")
     if not onnx.exists():
@@ -289,23 +323,102 @@ def softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that says a usage error in one line (exit 2), not the usage block and the error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v}: give 1 or more")
+    return v
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_files(info: dict, names: list[str]) -> None:
+    """Each model file as manifest.json recorded it (SHA-256): a truncated or corrupted copy is refused."""
+    for rel in names:
+        want = (info["artifacts"].get(rel) or {}).get("sha256")
+        if not want:
+            continue
+        p = HERE / rel
+        if not p.is_file():
+            raise SystemExit(f"error: {rel} is missing from this bundle: copy the bundle again")
+        if sha256_of(p) != want:
+            raise SystemExit(f"error: {rel} is not the file this bundle was made with (its SHA-256 differs from "
+                             "manifest.json's): a corrupted or partial copy? copy the bundle again")
+
+
+def read_manifest() -> tuple[dict, dict, dict, list]:
+    """manifest.json's bundle info, preprocessing and labels, or one line saying what is wrong with it."""
+    path = HERE / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+        info, pp, labels = manifest["bundle"], manifest["preprocess"], manifest["labels"]
+        info["artifacts"], info["default_model"], pp["input_size"]  # noqa: B018 - present, or the except below
+    except OSError as e:
+        raise SystemExit(f"error: {path.name}: cannot read it ({e.strerror or e}): copy the bundle again") from None
+    except ValueError as e:
+        raise SystemExit(f"error: {path.name}: not valid JSON ({_first_line(e)}): copy the bundle again") from None
+    except (KeyError, TypeError) as e:
+        raise SystemExit(f"error: {path.name}: not a bundle manifest (no {e}): copy the bundle again") from None
+    return manifest, info, pp, labels
+
+
+def check_labels(labels: list, classes: int) -> None:
+    """The labels (manifest.json, and labels.txt beside it) name every class the model gives."""
+    if len(labels) != classes:
+        raise SystemExit(f"error: manifest.json lists {len(labels)} labels, the model gives {classes} classes: "
+                         "copy the bundle again")
+    txt = HERE / "labels.txt"
+    if txt.exists():
+        n = len(txt.read_text(encoding="utf-8", errors="replace").splitlines())
+        if n != classes:
+            raise SystemExit(f"error: labels.txt has {n} labels, the model gives {classes} classes: restore it from "
+                             "the bundle (one label per line)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """Run the command; any failure is one line (RUN_PY_DEBUG=1: the traceback), exit 1; usage errors exit 2."""
+    try:
+        return _main(argv)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001 - the promise: one line, no traceback
+        if os.environ.get("RUN_PY_DEBUG"):
+            raise
+        raise SystemExit(f"error: {type(e).__name__}: {_first_line(e)}") from None
+
+
+def _main(argv: list[str] | None = None) -> int:
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("images", nargs="*", help="image files or folders")
     ap.add_argument("--model", help="ONNX or engine in this bundle (default: the raw-pixel variant of the bundle's precision)")
     ap.add_argument("--backend", choices=("auto", "tensorrt", "onnxruntime"), default="auto",
                     help="auto: the engine beside the ONNX when TensorRT loads, else ONNX Runtime")
-    ap.add_argument("--batch", type=int, default=8, help="images per call")
-    ap.add_argument("--top", type=int, default=1, help="labels to print per image")
+    ap.add_argument("--batch", type=positive_int, default=8, help="images per call")
+    ap.add_argument("--top", type=positive_int, default=1, help="labels to print per image")
     ap.add_argument("--json", action="store_true", help="print JSON lines instead of text")
     ap.add_argument("--dla-core", type=int, default=None,
                     help="the DLA core of a DLA engine (default: from its sidecar, or ENGINE.dla that build_engine.sh writes)")
     ap.add_argument("--check", action="store_true", help="compare with the bundle's reference logits; exit 1 when they differ")
     args = ap.parse_args(argv)
 
-    manifest = json.loads((HERE / "manifest.json").read_text())
-    info = manifest["bundle"]
-    pp, labels = manifest["preprocess"], manifest["labels"]
+    _, info, pp, labels = read_manifest()
     rel = args.model or info["default_model"]
     path = Path(rel) if Path(rel).is_absolute() else HERE / rel
     try:  # the artifact's key in the manifest: its ONNX path inside the bundle
@@ -315,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     art = info["artifacts"].get(onnx_rel)
     if art is None:
         raise SystemExit(f"error: {rel} is not one of this bundle's models: {', '.join(info['artifacts'])}")
+    verify_files(info, list(info["artifacts"]) if args.check else [onnx_rel])
     model = open_model(path, args.backend, args.dla_core)
 
     if args.check:
@@ -322,6 +436,10 @@ def main(argv: list[str] | None = None) -> int:
         prec = art["precision"]
         ref = np.load(HERE / info["reference"]["logits"][prec])
         got = run_batches(model, model_input(images, art["input"], pp), args.batch)
+        if ref.shape != got.shape:
+            raise SystemExit(f"error: {info['reference']['logits'][prec]} holds logits of shape {ref.shape}, the model "
+                             f"gives {got.shape} on {len(images)} reference images: copy the bundle again")
+        check_labels(labels, got.shape[1])
         if art["output"]["kind"] == "probs":
             ref = softmax(ref)
         diff = float(np.abs(got - ref).max() / max(float(np.abs(ref).max()), 1e-12))
@@ -350,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     if not arrays:
         return 1
     out = run_batches(model, model_input(np.stack(arrays), art["input"], pp), args.batch)
+    check_labels(labels, out.shape[1])
     probs = out if art["output"]["kind"] == "probs" else softmax(out)
     for f, p in zip(ok_files, probs):  # noqa: B905 - Python 3.8 (JetPack 5) has no strict=
         top = np.argsort(-p)[: args.top]
