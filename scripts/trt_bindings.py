@@ -471,9 +471,13 @@ def install(version: str, cache: Path = DEFAULT_CACHE) -> tuple[Path, Path, dict
     """Wheel, extracted module and stub libraries of ``version`` under ``cache``: (site, stubs, stubbed symbols).
 
     Cached: a second call downloads and compiles nothing. Raises Unreachable when pip cannot download the wheel."""
+    done = cache / version / "stubs" / "stubbed.json"  # written last: the wheel, the module and the stubs are there
+    if done.exists():
+        return cache / version / "site", done.parent, json.loads(done.read_text())
     wheel = fetch_wheel(version, cache)
     site = extract(version, wheel, cache)
     stubs, by_lib = make_stubs(version, site / "tensorrt_bindings" / "tensorrt.so", cache)
+    done.write_text(json.dumps(by_lib))
     return site, stubs, by_lib
 
 
