@@ -8,7 +8,8 @@ from typing import Optional
 import typer
 from rich.text import Text
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors, styled
+from vitdeploy.cli.app import app, console, err_console, handle_errors, say_target, styled
+from vitdeploy.cli.options import IMAGES_ALIAS_HELP, TARGET_NAMES
 
 
 @app.command()
@@ -23,13 +24,15 @@ def bundle(
     min_batch: int = typer.Option(1, min=1, help="Engine profile: smallest batch."),
     opt_batch: int = typer.Option(8, min=1, help="Engine profile: the batch TensorRT tunes for; DeepStream's batch-size."),
     max_batch: int = typer.Option(32, min=1, help="Engine profile: largest batch; Triton's max_batch_size."),
-    check_images: Optional[list[Path]] = typer.Option(
-        None, help="Images (files or folders) for the reference logits run.py --check compares against. Default: calibration/."
+    images: Optional[list[Path]] = typer.Option(
+        None, "--images", "-i", help="Images (files or folders) for the reference logits run.py --check compares against. "
+        "Default: calibration/."
     ),
+    check_images: Optional[list[Path]] = typer.Option(None, "--check-images", hidden=True, help=IMAGES_ALIAS_HELP),
     references: int = typer.Option(16, min=1, help="How many reference images to keep."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
-    target: Optional[str] = typer.Option(None, "--target", help="What the bundle is for (trt8.5, trt8.6, trt10, trt11, ort): every model "
-                                         "must have been made for it. Default: the models' own target."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=f"What the bundle is for: {TARGET_NAMES}. Every model must "
+                                         "have been made for it. Default: the models' own target."),
 ) -> None:
     """Write a self-contained folder for a Jetson, Triton or DeepStream: ONNX + raw-pixel variants, labels, run.py, build_engine.sh."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -39,6 +42,8 @@ def bundle(
     from vitdeploy.stages.bundle import PRECISIONS, BundleOptions
     from vitdeploy.stages.bundle import bundle as make_bundle
 
+    target = say_target(target)
+    check_images = [*(images or []), *(check_images or [])]
     if precision is not None and precision not in PRECISIONS:
         raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     check_output(out, models or [], kind="dir")
@@ -57,7 +62,8 @@ def bundle(
     )
     console.print(f"raw-pixel variants agree with their sources (max |Δlogit| relative): {errs}", highlight=False, soft_wrap=True)
     console.print(f"reference images: {result.reference_source}", highlight=False, soft_wrap=True)
-    console.print(f"on the device: cd {result.out} && ./build_engine.sh && python3 run.py --check", highlight=False, soft_wrap=True)
+    console.print(f"next, on the device: cd {result.out} && ./build_engine.sh && python3 run.py --check", highlight=False,
+                  soft_wrap=True)
 
 
 @app.command()

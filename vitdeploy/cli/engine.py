@@ -7,18 +7,22 @@ from typing import Optional
 
 import typer
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors, styled
+from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step, say_target, styled
+from vitdeploy.cli.options import IMAGES_ALIAS_HELP, TARGET_NAMES
 from vitdeploy.core.errors import EXIT_PARTIAL
 
 
 @app.command("build-engine")
 @handle_errors
 def build_engine(
+    ctx: typer.Context,
     model: Path = typer.Argument(Path("model.onnx"), help="ONNX model from `vitdeploy export` (or its .fp16/.int8 artifact)."),
     fp16: bool = typer.Option(False, "--fp16", help="Make MODEL.fp16.onnx first (FP16 with float32 islands) and build that."),
     int8: bool = typer.Option(False, "--int8", help="Calibrate MODEL.int8.onnx first (Q/DQ INT8, FP16 for the rest) and build "
                               "that. With --fp16 too: the same (INT8 with FP16 for the unquantized parts)."),
-    calib: Path = typer.Option(Path("calibration"), help="Folder of calibration images for --int8."),
+    images: Path = typer.Option(Path("calibration"), "--images", "-i", help="Folder of calibration images for --int8 (the FP16/INT8 "
+                                "artifact is also checked against MODEL on up to 64 of them)."),
+    calib: Optional[Path] = typer.Option(None, "--calib", hidden=True, help=IMAGES_ALIAS_HELP),
     min_batch: int = typer.Option(1, min=1, help="Smallest batch of the optimization profile."),
     opt_batch: int = typer.Option(8, min=1, help="Batch TensorRT tunes for (with --dla-core: the one fixed batch)."),
     max_batch: int = typer.Option(32, min=1, help="Largest batch; the runner splits larger ones."),
@@ -27,8 +31,8 @@ def build_engine(
     dla_core: Optional[int] = typer.Option(None, min=0, help="Build for this DLA core (Jetson Orin) with GPU fallback; fixed batch."),
     version_compatible: bool = typer.Option(False, "--version-compatible", help="Let newer TensorRT runtimes load the plan (8.6+)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Engine file (default: MODEL.<precision>.engine beside MODEL)."),
-    target: Optional[str] = typer.Option(None, "--target", help="What --fp16/--int8 make the artifact for: trt8.5, trt8.6, trt10, trt11. "
-                                         "Default: the TensorRT found here (else the model's target)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=f"What --fp16/--int8 make the artifact for: {TARGET_NAMES}. "
+                                         "A module name also checks --dla-core. Default: the TensorRT found here (else the model's target)."),
 ) -> None:
     """Build a TensorRT engine from an ONNX model whose graph carries the precision.
 
@@ -37,9 +41,16 @@ def build_engine(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from vitdeploy.core.fileio import check_output
+    from vitdeploy.core.targets import check_request, resolve_target
     from vitdeploy.stages.engine import BuildOptions, EngineNotBuilt
     from vitdeploy.stages.engine import build_engine as run_build
 
+    calib = calib or images
+    facts = resolve_target(target)
+    src = {n: getattr(ctx.get_parameter_source(n), "name", "DEFAULT") for n in ("min_batch", "max_batch")}
+    explicit = {n for n, s in src.items() if s != "DEFAULT"}  # given on the command line (typer carries its own click)
+    check_request(facts, dla_core=dla_core, int8=int8, dynamic_batch=bool(explicit) and min_batch != max_batch)
+    target = say_target(target)
     if out is not None:
         check_output(out, [model, calib, timing_cache])
     opts = BuildOptions(
@@ -52,18 +63,21 @@ def build_engine(
         task = prog.add_task("build-engine", total=None)
 
         def on_event(kind: str, d: dict) -> None:
+            nonlocal task
             if kind == "artifact":
                 what = "calibrating INT8" if d["kind"] == "int8" else "converting to FP16"
                 prog.update(task, description=f"{what} → {d['path']}", total=None)
             elif kind == "calibrate":
                 prog.update(task, total=d["total"], completed=d["done"])
-            elif kind == "check":
-                prog.update(task, description=f"checking {d['path']} against {model.name}", total=None, completed=0)
+            elif kind == "check":  # a new task: rich's update(total=None) keeps the calibration total (0/512 before)
+                prog.remove_task(task)
+                task = prog.add_task(f"checking {d['path']} against {model.name}", total=None)
             elif kind == "artifact-done":
                 report_artifact(d)
             elif kind == "warning":
                 err_console.print(styled("warning:", "yellow", d["message"]), highlight=False, soft_wrap=True)
             elif kind == "build":
+                prog.reset(task)
                 prog.update(task, description=f"TensorRT {d['tensorrt']} building {d['engine']} (minutes)",
                             total=None, completed=0)
 
@@ -76,6 +90,7 @@ def build_engine(
             console.print(f"# {e.artifact} is ready. On the target, in this folder:", highlight=False, soft_wrap=True)
             for line in e.commands:
                 console.print(line, highlight=False, soft_wrap=True, markup=False)
+            next_step(f"vitdeploy bundle {e.artifact} -i {calib}   (ships it with build_engine.sh for the device)")
             raise typer.Exit(EXIT_PARTIAL) from None
     rec = result.record
     console.print(
@@ -84,6 +99,7 @@ def build_engine(
         f"sidecar {result.sidecar.name}",
         highlight=False,
     )
+    next_step(f"vitdeploy verify {model} {result.engine} -i IMAGES", f"vitdeploy infer IMAGES -m {result.engine}")
     if result.made and result.made["skipped"]:
         raise typer.Exit(EXIT_PARTIAL)
 

@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors
+from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step, say_target
+from vitdeploy.cli.options import TARGET_NAMES
 
 _STAGES = {
     "load": "loading the checkpoint",
@@ -26,13 +27,14 @@ def export(
     out: Path = typer.Option(Path("model.onnx"), "--out", "-o", help="ONNX model to write (atomically; external data beside it over 2 GB)."),
     opset: int = typer.Option(17, help="ONNX opset: 17 (TensorRT 8.5/8.6 parse up to 17) or higher."),
     check: bool = typer.Option(True, "--check/--no-check", help="Parity check against PyTorch after export."),
-    images: Optional[Path] = typer.Option(None, help="Images for the parity check. Default: calibration/, else the digits set for a digits model, else random inputs."),
+    images: Optional[Path] = typer.Option(None, "--images", "-i", help="Images for the parity check. Default: calibration/, else the digits set for a digits model, else random inputs."),
     arch: Optional[str] = typer.Option(None, help="Architecture of a foreign state dict (a timm name such as vit_base_patch16_224)."),
     labels: Optional[Path] = typer.Option(None, help="File of class names, one per line, replacing the checkpoint's."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print node counts by op type and the time of each step."),
-    target: Optional[str] = typer.Option(None, "--target", help="What the ONNX is made for: trt8.5 (LayerNorm in primitive ops: 8.5 "
-                                         "has no LayerNormalization importer), trt8.6, trt10, trt11 or ort. Default: none, the opset-17 "
-                                         "graph TensorRT 8.6+ and ONNX Runtime all read; recorded in the manifest."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=f"What the ONNX is made for: {TARGET_NAMES}. trt8.5 spells "
+                                         "LayerNorm out in primitive ops (8.5 has no LayerNormalization importer). Default: none, the "
+                                         "opset-17 graph TensorRT 8.6+ and ONNX Runtime all read. Recorded in the manifest: later "
+                                         "steps inherit it."),
     embed_preprocess: bool = typer.Option(False, "--embed-preprocess", help="Also write MODEL.raw.onnx: uint8 RGB [batch, H, W, 3] "
                                           "in, scaling/mean/std/layout inside the graph (for DeepStream, C++, cameras)."),
 ) -> None:
@@ -42,6 +44,7 @@ def export(
     from vitdeploy.core.fileio import check_output
     from vitdeploy.stages.export import export_onnx
 
+    target = say_target(target)  # resolved once, before any work
     check_output(out, [checkpoint, labels], suffixes=(".onnx",))
     with Progress(
         SpinnerColumn(), TextColumn("[bold]export"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
@@ -78,6 +81,8 @@ def export(
         record_raw_variant(result.path, raw_variant_name(result.path.name))
         raw = embed(result.path)
         console.print(f"wrote {raw} (uint8 RGB [batch, H, W, 3] in, preprocessing in the graph)", highlight=False, markup=False)
+    imgs = f" -i {images}" if images else ""
+    next_step(f"vitdeploy build-engine {result.path} --int8{imgs}", f"vitdeploy bundle {result.path}{imgs}")
     if result.parity is not None and result.parity.skipped:  # checked on the readable images only: partly done
         from vitdeploy.core.errors import EXIT_PARTIAL, VitdeployError
 

@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors
+from vitdeploy.cli.app import app, check_json_dest, console, emit_json, err_console, handle_errors
+from vitdeploy.cli.options import JSON_HELP
 from vitdeploy.core.errors import EXIT_PARTIAL
 
 
@@ -22,6 +23,7 @@ def infer(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the results to FILE.csv or FILE.json instead of a table."),
     threads: Optional[int] = typer.Option(None, min=1, help="Inference threads (default: one per core)."),
     workers: Optional[int] = typer.Option(None, min=1, help="Reader threads decoding images ahead of the model (default: cores, at most 4)."),
+    json_out: Optional[str] = typer.Option(None, "--json", metavar="FILE", help=JSON_HELP),
 ) -> None:
     """Classify images: top-k labels and scores per image; unreadable files are named and skipped (exit 3)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -34,6 +36,7 @@ def infer(
         from vitdeploy.core.fileio import check_output
 
         check_output(out, [model, *images], suffixes=(".csv", ".json", ".CSV", ".JSON"))
+    check_json_dest(json_out, [model, *images])
     paths = gather_images(images)
     runner, notes = open_model(model, backend, threads)
     for n in notes:
@@ -62,7 +65,12 @@ def infer(
         runner.close()
     for n in result.notes:
         err_console.print(f"note: {n}", highlight=False, soft_wrap=True)
-    if out is not None:
+    doc = {"model": str(result.model), "backend": result.backend, "precision": result.precision,
+           "images_per_second": result.images_per_second, "predictions": [pr.row() for pr in result.predictions],
+           "skipped": [{"path": str(p), "why": why} for p, why in result.skipped]}
+    if emit_json(doc, json_out, [model, *images]):
+        pass  # stdout carries the JSON alone
+    elif out is not None:
         write_predictions(result, out)
         console.print(f"{len(result.predictions)} predictions → {out}", highlight=False, soft_wrap=True)
     else:

@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors, styled
+from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step, say_target, styled
+from vitdeploy.cli.options import TARGET_NAMES
 from vitdeploy.stages.precision import DEFAULT_METHOD, DEFAULT_QUANTIZE_ATTENTION
 
 
@@ -15,7 +16,7 @@ from vitdeploy.stages.precision import DEFAULT_METHOD, DEFAULT_QUANTIZE_ATTENTIO
 @handle_errors
 def calibrate(
     model: Path = typer.Argument(Path("model.onnx"), help="FP32 ONNX model from `vitdeploy export`."),
-    images: Path = typer.Option(Path("calibration"), "--images", help="Folder of calibration images (any size; preprocessed as the model's manifest says)."),
+    images: Path = typer.Option(Path("calibration"), "--images", "-i", help="Folder of calibration images (any size; preprocessed as the model's manifest says)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="INT8 model to write (default: MODEL.int8.onnx beside MODEL)."),
     num_images: int = typer.Option(512, min=1, help="Images sampled from --images (all when fewer; a warning below 100)."),
     batch_size: int = typer.Option(32, min=1, help="Calibration batch size."),
@@ -26,10 +27,10 @@ def calibrate(
     max_drop: Optional[float] = typer.Option(None, "--max-drop", min=0.0, max=100.0, help="Top-1 drop budget in points against FP32 on --eval; sensitive layers are kept in float until it fits (exit 1 if it cannot)."),
     eval_dir: Optional[Path] = typer.Option(None, "--eval", help="Labeled ImageFolder (or one with val/) to measure FP32 vs INT8 top-1 on."),
     min_agreement: Optional[float] = typer.Option(None, "--min-agreement", min=0.0, max=1.0, help="With --eval: also keep layers in float until INT8's top-1 agrees with FP32's on at least this fraction (e.g. 0.99)."),
-    target: Optional[str] = typer.Option(None, "--target", help="What the INT8 model is made for: trt8.5, trt8.6, trt10, trt11 (float16 "
-                                         "Q/DQ scales and GEMMs, opset 19) or ort (also Q·Kᵀ). Default: the model's target, else none "
-                                         "(float32 scales: TensorRT 8.x and CPUs)."),
-    backend: str = typer.Option("onnxruntime", "--backend", help="With --eval: the CPU runtime the INT8 model is evaluated on, onnxruntime or openvino (where it will run)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=f"What the INT8 model is made for: {TARGET_NAMES}. trt10/trt11: "
+                                         "float16 Q/DQ scales and GEMMs, opset 19; ort also quantizes Q·Kᵀ. Default: the model's target, "
+                                         "else none (float32 scales: TensorRT 8.x and CPUs)."),
+    backend: str = typer.Option("auto", "--backend", help="With --eval: where the INT8 model is measured: auto (the TensorRT oracle for a TensorRT target, else onnxruntime), onnxruntime, openvino or oracle."),
 ) -> None:
     """Quantize an ONNX model to INT8 (explicit Q/DQ, the form TensorRT 8.5–11 builds) from calibration images.
 
@@ -42,6 +43,7 @@ def calibrate(
     from vitdeploy.stages.precision import calibrate as run_calibrate
     from vitdeploy.stages.precision import default_out
 
+    target = say_target(target)
     check_output(out or default_out(model, "int8"), [model], suffixes=(".onnx",))
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                   TimeElapsedColumn(), console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
@@ -86,6 +88,7 @@ def calibrate(
             f"(drop {f['drop_points']:.2f} points), agreement {f['agreement']:.2%}",
             highlight=False,
         )
+    next_step(f"vitdeploy build-engine {result.path}", f"vitdeploy bundle {model} {result.path} -i {images}")
     if result.skipped:  # written from the readable images, as infer and verify do: partly done
         from vitdeploy.core.errors import EXIT_PARTIAL, VitdeployError
 
@@ -98,14 +101,16 @@ def calibrate(
 def convert_fp16(
     model: Path = typer.Argument(Path("model.onnx"), help="FP32 ONNX model from `vitdeploy export`."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="FP16 model to write (default: MODEL.fp16.onnx beside MODEL)."),
-    target: Optional[str] = typer.Option(None, "--target", help="What the FP16 model is made for: trt8.5 (LayerNorm in primitive ops), "
-                                         "trt8.6, trt10, trt11 or ort. Default: the model's target, else none."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=f"What the FP16 model is made for: {TARGET_NAMES}. "
+                                         "Default: the model's target, else none."),
 ) -> None:
     """Convert an ONNX model to FP16: float16 inside, float32 input/output, LayerNorm/Softmax/reductions in float32."""
     from vitdeploy.core.fileio import check_output
     from vitdeploy.stages.precision import convert_fp16 as run_convert
     from vitdeploy.stages.precision import default_out
 
+    target = say_target(target)
     check_output(out or default_out(model, "fp16"), [model], suffixes=(".onnx",))
     dest = run_convert(model, out, target=target)
     console.print(f"FP16 (LayerNorm, Softmax and reductions kept in float32) → {dest}", highlight=False)
+    next_step(f"vitdeploy build-engine {dest}", f"vitdeploy verify {model} {dest} -i IMAGES")

@@ -8,19 +8,19 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors, print_json
+from vitdeploy.cli.app import app, console, emit_json, err_console, handle_errors, next_step
+from vitdeploy.cli.options import JSON_HELP
 from vitdeploy.core.errors import EXIT_PARTIAL
 
 
 @app.command()
 @handle_errors
-def presets(json_out: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table.")) -> None:
+def presets(json_out: Optional[str] = typer.Option(None, "--json", metavar="FILE", help=JSON_HELP)) -> None:
     """List the model presets and their sizes (parameters at 224x224 with 1000 classes)."""
     from vitdeploy.model.vit import preset_table
 
     rows = preset_table()
-    if json_out:
-        print_json(rows)
+    if emit_json(rows, json_out):
         return
     t = Table(title="presets (params at 224x224, 1000 classes)")
     for c in ("name", "params", "patch", "dim", "depth", "heads", "mlp", "default input", "description"):
@@ -90,7 +90,14 @@ def train(
     """
     import contextlib
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from vitdeploy.core.errors import UsageError
     from vitdeploy.model.train import TrainOptions, dist_from_env
@@ -103,22 +110,35 @@ def train(
         precision=precision, workers=workers, accum_steps=accum_steps,
     )
     main_rank = dist_from_env().main
+    if main_rank:
+        say_model_choice(data_dir, preset, image_size, init or resume)
+    live = main_rank and err_console.is_terminal  # a terminal: a per-batch bar with an ETA; else one line per epoch
     prog = Progress(
-        TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(), console=err_console, transient=True, disable=not main_rank,
+        TextColumn("[bold]train"), TextColumn("{task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+        console=err_console, transient=True, disable=not live,
     )
+    clock = EpochClock()
     try:
         with prog if main_rank else contextlib.nullcontext(prog):
-            task = prog.add_task("train", total=None, info="reading images")
+            task = prog.add_task("train", total=None, info="reading images", epoch="")
 
             def on_event(kind: str, d: dict) -> None:
                 if kind == "start":
-                    where = f"  {d['world_size']} processes" if d.get("world_size", 1) > 1 else ""
-                    prog.update(task, total=d["epochs"], completed=d["start_epoch"],
-                                info=f"{d['train']} train / {d['val']} val images{where}")
+                    where = f", {d['world_size']} processes" if d.get("world_size", 1) > 1 else ""
+                    clock.begin(d["epochs"], d["start_epoch"], d.get("steps", 1))
+                    size = "x".join(map(str, d.get("image_size", [])))
+                    head = (f"training {d.get('name', 'the model')} at {size}: {d['train']} train / {d['val']} val images, "
+                            f"{d['epochs'] - d['start_epoch']} epochs of {d.get('steps', '?')} steps on "
+                            f"{d.get('device', '?')} ({d.get('precision', 'fp32')}{where})")
+                    (prog.console if live else console).print(head, highlight=False, soft_wrap=True)
+                    prog.update(task, total=clock.total_steps, completed=0, info="")
+                elif kind == "batch":
+                    prog.update(task, completed=clock.step(), epoch=f"epoch {d['epoch'] + 1}/{clock.epochs}")
                 elif kind == "epoch":
-                    prog.update(task, completed=d["epoch"] + 1,
-                                info=f"loss {d['loss']:.3f}  val top-1 {d['val_accuracy']:.2%}  best {d['best']:.2%}")
+                    line = clock.epoch_line(d)
+                    (prog.console if live else console).print(line, highlight=False, soft_wrap=True)
+                    prog.update(task, completed=clock.done_steps)
 
             result = run_train(data_dir, opts, on_event if main_rank else None)
     except UsageError as e:
@@ -136,6 +156,79 @@ def train(
         f"best validation top-1 {result.best_val_accuracy:.2%} (epoch {result.best_epoch + 1}/{result.epochs}) "
         f"in {result.seconds:.0f} s{procs} → {result.checkpoint}"
     )
+    next_step(f"vitdeploy export {result.checkpoint}" + (f" -i {data_dir}" if data_dir else ""))
     if result.skipped:
         err_console.print(f"{len(result.skipped)} unreadable image(s) skipped")
         raise typer.Exit(EXIT_PARTIAL)
+
+
+class EpochClock:
+    """Steps done and seconds per epoch, for the bar's total and each epoch's line (time, ETA)."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._now = time.perf_counter
+        self.epochs, self.start, self.steps, self.done_steps = 0, 0, 1, 0
+        self.t0 = self.t_epoch = self._now()
+
+    @property
+    def total_steps(self) -> int:
+        return max(1, (self.epochs - self.start) * self.steps)
+
+    def begin(self, epochs: int, start: int, steps: int) -> None:
+        self.epochs, self.start, self.steps = epochs, start, max(1, steps)
+        self.t0 = self.t_epoch = self._now()
+
+    def step(self) -> int:
+        self.done_steps += 1
+        return self.done_steps
+
+    def epoch_line(self, d: dict) -> str:
+        """'epoch 3/40  loss 0.412  val top-1 91.20%  best 91.20%  4.1 s  ETA 2m 31s' (ETA from the mean epoch so far)."""
+        now = self._now()
+        took, self.t_epoch = now - self.t_epoch, now
+        done = d["epoch"] + 1 - self.start
+        self.done_steps = done * self.steps
+        left = (now - self.t0) / max(1, done) * (self.epochs - d["epoch"] - 1)
+        return (f"epoch {d['epoch'] + 1}/{self.epochs}  loss {d['loss']:.3f}  val top-1 {d['val_accuracy']:.2%}  "
+                f"best {d['best']:.2%}  {took:.1f} s  ETA {_hms(left)}")
+
+
+def _hms(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m {s % 60:02d}s" if s >= 60 else f"{s}s")
+
+
+def say_model_choice(data_dir: Optional[Path], preset: Optional[str], image_size: Optional[int], start: Optional[Path]) -> None:
+    """Say plainly what train chose when the user did not: on a folder of photos the default is still vit-digits at
+    32x32 (small and fast on a CPU); a photo model needs --preset (decided: a default that guesses a size from the
+    photos would turn a 2-minute run into hours on a CPU without asking)."""
+    if preset is not None or start is not None or data_dir is None:
+        return
+    from vitdeploy.model.vit import get_preset
+
+    p = get_preset("vit-digits")
+    h, w = p.config.image_size if image_size is None else (image_size, image_size)
+    big = _first_image_size(data_dir)
+    if big is not None and max(big) > max(h, w):
+        err_console.print(
+            f"note: training the vit-digits preset (the default) at {h}x{w}: your images ({big[0]}x{big[1]}) are "
+            f"shrunk to {h}x{w}. For photos pass --preset (e.g. --preset vit-tiny, 224x224; "
+            "see `vitdeploy presets`) or fine-tune a pretrained model with --init.", highlight=False, soft_wrap=True)
+
+
+def _first_image_size(folder: Path) -> Optional[tuple[int, int]]:
+    """The size of the first image in ``folder`` (header only), or None."""
+    from vitdeploy.core.preprocess import list_images
+
+    try:
+        files = list_images(folder)
+        if not files:
+            return None
+        from PIL import Image
+
+        with Image.open(files[0]) as im:
+            return int(im.size[0]), int(im.size[1])
+    except Exception:  # noqa: BLE001 - only a hint; train itself reports unreadable files
+        return None

@@ -605,7 +605,8 @@ def _train(
     saved = False
     if progress:
         progress("start", {"epochs": epochs, "start_epoch": start_epoch, "train": n_train, "val": len(ds.val),
-                           "world_size": d.world_size, "precision": precision})
+                           "world_size": d.world_size, "precision": precision, "name": name,
+                           "image_size": list(cfg.image_size), "steps": steps_per_epoch, "device": str(device)})
     pin = device.type == "cuda"
     try:
         for epoch in range(start_epoch, epochs):
@@ -625,6 +626,8 @@ def _train(
                     g["lr"] = _lr_at(epoch * steps_per_epoch + step, total, warmup, opts.lr)
                 ls, nb = train_step(net, opt, pending, opts.label_smoothing, amp_dtype, scaler)
                 loss_sum, seen, step, pending = loss_sum + ls, seen + nb, step + 1, []
+                if progress:  # per-batch progress (a terminal's bar and its ETA)
+                    progress("batch", {"epoch": epoch, "step": step, "steps": steps_per_epoch})
             loss_sum, seen_f = _all_sum([loss_sum, float(seen)], d, device)
             acc = evaluate(model, ds.val, pp, device, dist=d, amp_dtype=amp_dtype)
             history.append({"epoch": epoch, "loss": loss_sum / max(1.0, seen_f), "val_accuracy": acc})
