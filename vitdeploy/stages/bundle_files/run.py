@@ -213,7 +213,6 @@ class TrtModel:
         import tensorrt as trt
 
         self.trt = trt
-        self.cuda = CudaRT()
         logger = trt.Logger(trt.Logger.WARNING)
         try:
             runtime = trt.Runtime(logger)
@@ -221,6 +220,7 @@ class TrtModel:
             if NULLPTR not in str(e):
                 raise
             raise RuntimeError(cuda_message("trt.Runtime")) from None
+        self.cuda = CudaRT()
         self.dla_core = engine_dla_core(path) if dla_core is None else dla_core
         if self.dla_core is not None:  # a DLA engine loads on the core it was built for (trtexec sets it too)
             runtime.DLA_core = int(self.dla_core)

@@ -1,0 +1,228 @@
+"""The bundle's run.py keeps its promise: every failure is one line and exit 1 (2 for a wrong option), no traceback.
+
+One real bundle is made (``vitdeploy.stages.bundle`` over a small linear ONNX model, seeded noise as reference
+images), then copied and tampered with each way a device copy can go wrong. run.py is run from the tampered copy
+(in this process, as ``main``; one case as its own process to show what a user's terminal gets). TensorRT cases
+use tests/trt_mock.py (generated from NVIDIA's compiled bindings) and host memory for libcudart.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from trt_mock import fake_tensorrt
+
+
+@pytest.fixture(scope="module")
+def made_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from vitdeploy.core.manifest import Manifest, set_onnx_manifest
+    from vitdeploy.core.preprocess import Preprocess
+    from vitdeploy.stages.bundle import BundleOptions, bundle
+
+    d = tmp_path_factory.mktemp("runpy")
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 0.02, (3 * 16 * 16, 5)).astype(np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("Flatten", ["pixel_values"], ["flat"], axis=1, name="flatten"),
+         helper.make_node("MatMul", ["flat", "W"], ["logits"], name="head")],
+        "linear", [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, 16, 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 5])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    pp = Preprocess(input_size=(16, 16), resize_mode="squash", interpolation="bilinear")
+    set_onnx_manifest(model, Manifest(model={"num_classes": 5, "image_size": [16, 16]}, labels=list("abcde"),
+                                      preprocess=pp.to_dict(), name="tiny", precision="fp32"))
+    onnx.save(model, str(d / "model.onnx"))
+    out = d / "bundle"
+    bundle([d / "model.onnx"], out, BundleOptions(references=4))
+    return out
+
+
+@pytest.fixture
+def copy(made_bundle: Path, tmp_path: Path) -> Path:
+    b = tmp_path / "bundle"
+    shutil.copytree(made_bundle, b)
+    return b
+
+
+def run(bundle: Path, *argv: str, capsys: pytest.CaptureFixture) -> tuple[int, list[str], str]:
+    """run.py's main from ``bundle`` as a process would end: (exit code, stderr lines, stdout)."""
+    spec = importlib.util.spec_from_file_location(f"run_py_{abs(hash(bundle))}", bundle / "run.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return _ended(lambda: mod.main(list(argv)), capsys)
+
+
+def _ended(fn: Any, capsys: pytest.CaptureFixture) -> tuple[int, list[str], str]:
+    try:
+        code = fn()
+        msg = None
+    except SystemExit as e:
+        code, msg = (e.code, None) if isinstance(e.code, int) or e.code is None else (1, str(e.code))
+    out = capsys.readouterr()
+    err = out.err.splitlines() + ([msg] if msg else [])
+    return int(code or 0), err, out.out
+
+
+def one_line(err: list[str]) -> str:
+    assert len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in err[0], err
+    return err[0]
+
+
+def test_the_untouched_bundle_passes_its_check(copy: Path, capsys: pytest.CaptureFixture) -> None:
+    code, err, out = run(copy, "--check", capsys=capsys)
+    assert code == 0 and out.startswith("OK: ") and not err
+
+
+def test_a_truncated_model_is_one_line_in_the_users_terminal(copy: Path) -> None:
+    model = copy / "model.raw.onnx"
+    model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
+    r = subprocess.run([sys.executable, str(copy / "run.py"), "--check"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stdout == ""
+    line = one_line(r.stderr.splitlines())
+    assert "model.raw.onnx" in line and "SHA-256" in line and "copy the bundle again" in line
+
+
+def test_a_truncated_model_without_a_recorded_hash_is_one_line(copy: Path, capsys: pytest.CaptureFixture) -> None:
+    man = json.loads((copy / "manifest.json").read_text())
+    del man["bundle"]["artifacts"]["model.raw.onnx"]["sha256"]
+    (copy / "manifest.json").write_text(json.dumps(man))
+    model = copy / "model.raw.onnx"
+    model.write_bytes(model.read_bytes()[:100])
+    code, err, _ = run(copy, "--check", capsys=capsys)
+    assert code == 1 and "ONNX Runtime cannot load it" in one_line(err)
+
+
+@pytest.mark.parametrize("args", [("--check",), ("IMAGES",)])
+def test_a_corrupted_copy_of_the_same_size_is_refused(copy: Path, capsys: pytest.CaptureFixture,
+                                                      args: tuple[str, ...]) -> None:
+    model = copy / "model.raw.onnx"
+    data = bytearray(model.read_bytes())
+    data[-5] ^= 0xFF  # one flipped byte in the weights: still a loadable model, not the bundle's
+    model.write_bytes(bytes(data))
+    argv = [str(copy / "reference" / "images") if a == "IMAGES" else a for a in args]
+    code, err, out = run(copy, *argv, capsys=capsys)
+    assert code == 1 and "SHA-256" in one_line(err) and out == ""
+
+
+def test_check_refuses_any_changed_model_file_of_the_bundle(copy: Path, capsys: pytest.CaptureFixture) -> None:
+    (copy / "deepstream" / "model.ds.onnx").write_bytes(b"not the model")
+    assert run(copy, str(copy / "reference" / "images"), capsys=capsys)[0] == 0  # a run checks the model it runs
+    code, err, _ = run(copy, "--check", capsys=capsys)
+    assert code == 1 and "deepstream/model.ds.onnx" in one_line(err)
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"bundle": {}}', ""])
+def test_a_broken_manifest_is_one_line(copy: Path, capsys: pytest.CaptureFixture, text: str) -> None:
+    (copy / "manifest.json").write_text(text)
+    code, err, _ = run(copy, "--check", capsys=capsys)
+    assert code == 1 and "manifest.json" in one_line(err)
+
+
+def test_labels_that_do_not_name_every_class_are_one_line(copy: Path, capsys: pytest.CaptureFixture) -> None:
+    images = str(copy / "reference" / "images")
+    (copy / "labels.txt").write_text("a\nb\n")
+    code, err, out = run(copy, images, capsys=capsys)
+    assert code == 1 and "labels.txt has 2 labels, the model gives 5 classes" in one_line(err) and out == ""
+    shutil.copy(copy / "triton" / "tiny" / "labels.txt", copy / "labels.txt")
+    man = json.loads((copy / "manifest.json").read_text())
+    man["labels"] = ["a"]
+    (copy / "manifest.json").write_text(json.dumps(man))
+    code, err, _ = run(copy, images, capsys=capsys)
+    assert code == 1 and "manifest.json lists 1 labels, the model gives 5 classes" in one_line(err)
+
+
+def test_reference_logits_of_another_shape_are_one_line(copy: Path, capsys: pytest.CaptureFixture) -> None:
+    np.save(copy / "reference" / "logits.fp32.npy", np.zeros((4, 3), np.float32))
+    code, err, _ = run(copy, "--check", capsys=capsys)
+    assert code == 1 and "shape (4, 3)" in one_line(err) and "(4, 5)" in err[0]
+
+
+@pytest.mark.parametrize("argv", [("--check", "--batch", "0"), ("--check", "--batch", "x"), ("--top", "-1", "a.png"),
+                                  ("--no-such-option",)])
+def test_a_wrong_option_is_one_line_and_exit_2(copy: Path, capsys: pytest.CaptureFixture, argv: tuple[str, ...]) -> None:
+    code, err, _ = run(copy, *argv, capsys=capsys)
+    assert code == 2 and "--help" in one_line(err)
+
+
+def test_a_garbage_engine_under_a_tensorrt_that_is_not_tensorrts_is_one_line(
+        copy: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    (copy / "model.raw.engine").write_bytes(b"\x00garbage plan")
+    monkeypatch.setitem(sys.modules, "tensorrt", types.ModuleType("tensorrt"))  # no Logger, no Runtime
+    code, err, _ = run(copy, "--check", capsys=capsys)
+    line = one_line(err)
+    assert code == 1 and "model.raw.engine: TensorRT cannot load it (AttributeError" in line
+
+
+class HostCuda:
+    """run.py's CudaRT on host memory."""
+
+    H2D, D2H = 1, 2
+
+    def __init__(self) -> None:
+        self.keep: dict[int, Any] = {}
+
+    def malloc(self, n: int) -> int:
+        buf = ctypes.create_string_buffer(max(n, 1))
+        self.keep[ctypes.addressof(buf)] = buf
+        return ctypes.addressof(buf)
+
+    def free(self, p: int) -> None:
+        self.keep.pop(p, None)
+
+    def stream(self) -> int:
+        return 1
+
+    def copy(self, dst: int, src: int, n: int, kind: int, stream: int) -> None:
+        ctypes.memmove(dst, src, n)
+
+    def sync(self, stream: int) -> None:
+        pass
+
+
+def _plan(bundle: Path, version: str) -> None:
+    """An engine as tests/trt_mock.py's builder writes it: the ONNX it runs and the profile."""
+    plan = {"version": version, "onnx": str(bundle / "model.raw.onnx"), "dla_core": None,
+            "profile": ["pixel_values", [1, 16, 16, 3], [4, 16, 16, 3], [8, 16, 16, 3]]}
+    (bundle / "model.raw.engine").write_bytes(json.dumps(plan).encode())
+
+
+@pytest.mark.parametrize("version", ["8.6.1", "10.3.0", "11.4.0.106"])
+def test_tensorrt_that_cannot_start_cuda_is_one_line_naming_cuda_and_the_driver(
+        copy: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, version: str) -> None:
+    import onnxruntime as ort
+
+    name = ort.InferenceSession(str(copy / "model.raw.onnx"), providers=["CPUExecutionProvider"]).get_inputs()[0].name
+    _plan(copy, version)
+    plan = json.loads((copy / "model.raw.engine").read_bytes())
+    plan["profile"][0] = name
+    (copy / "model.raw.engine").write_bytes(json.dumps(plan).encode())
+    spec = importlib.util.spec_from_file_location(f"run_py_trt_{version}", copy / "run.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "CudaRT", HostCuda)
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(version))
+    code, err, out = _ended(lambda: mod.main(["--check", "--json"]), capsys)
+    assert code == 0 and json.loads(out)["backend"] == "tensorrt", err  # the mock engine runs as shipped
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(version, fail={"Runtime"}))
+    code, err, _ = _ended(lambda: mod.main(["--check"]), capsys)
+    line = one_line(err)
+    assert code == 1 and "CUDA" in line and "driver" in line and "nullptr" in line
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(version, no_context=True))
+    code, err, _ = _ended(lambda: mod.main(["--check"]), capsys)
+    line = one_line(err)
+    assert code == 1 and "execution context" in line and "driver" in line
