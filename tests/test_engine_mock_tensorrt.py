@@ -453,3 +453,15 @@ def test_doctor_says_cuda_and_the_driver_when_tensorrt_cannot_start_it(monkeypat
     assert out["available"] is False and "CUDA" in out["why"] and "driver" in out["why"]
     monkeypatch.setitem(__import__("sys").modules, "tensorrt", fake_tensorrt("10.3.0"))
     assert probe_tensorrt()["available"] is True
+
+
+@pytest.mark.parametrize("failing", ["Builder", "OnnxParser"])
+def test_mock_tensorrt_build_says_cuda_and_the_driver_when_tensorrt_cannot_start_it(mocked: Any, failing: str) -> None:
+    from vitdeploy.stages.engine import BuildOptions, build_engine
+
+    mocked["install"]("10.3.0", fail={failing})
+    with pytest.raises(CudaUnavailable) as e:
+        build_engine("model.onnx", BuildOptions())
+    msg = str(e.value)
+    assert f"trt.{failing}" in msg and "CUDA" in msg and "driver" in msg and "\n" not in msg
+    assert not list(Path(".").glob("*.engine"))
