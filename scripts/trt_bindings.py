@@ -84,10 +84,14 @@ def fetch_wheel(version: str, cache: Path) -> Path:
     found = sorted(wheels.glob(pat))
     if not found:
         log(f"[{version}] pip download {package_of(version)}=={version}")
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--no-deps",
-                            "--disable-pip-version-check", "--python-version", "3.11", "--platform",
-                            "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64", "-d", str(wheels),
-                            f"{package_of(version)}=={version}"], capture_output=True, text=True)
+        try:
+            r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--no-deps",
+                                "--disable-pip-version-check", "--timeout", "20", "--retries", "1",
+                                "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64", "--platform",
+                                "manylinux_2_17_x86_64", "-d", str(wheels), f"{package_of(version)}=={version}"],
+                               capture_output=True, text=True, timeout=180)
+        except subprocess.TimeoutExpired:
+            raise Unreachable(f"pip download {package_of(version)}=={version} took over 180 s") from None
         if r.returncode:
             last = (r.stderr.strip().splitlines() or ["?"])[-1]
             raise Unreachable(f"pip download {package_of(version)}=={version} failed: {last[:200]}")
