@@ -37,7 +37,7 @@ def test_every_command_has_help() -> None:
 
 
 def test_presets_json() -> None:
-    res = runner.invoke(app, ["presets", "--json"])
+    res = runner.invoke(app, ["presets", "--json", "-"])
     assert res.exit_code == 0
     rows = json.loads(res.stdout)
     by = {r["name"]: r["params"] for r in rows}

@@ -377,7 +377,7 @@ def test_check_target_cli(made: Any) -> None:
     from vitdeploy.cli import app
 
     path = str(made("trt10")["fp32"])
-    r = CliRunner().invoke(app, ["check-target", path, "--target", "trt8.6", "--json"])
+    r = CliRunner().invoke(app, ["check-target", path, "--target", "trt8.6", "--json", "-"])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(app, ["check-target", str(made("trt8.5")["fp32"]), "--target", "trt8.5"])
     assert r.exit_code == 0, r.output

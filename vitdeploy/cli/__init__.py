@@ -8,6 +8,7 @@ from vitdeploy.cli import explain as _explain  # noqa: F401
 from vitdeploy.cli import export as _export  # noqa: F401
 from vitdeploy.cli import importers as _importers  # noqa: F401
 from vitdeploy.cli import infer as _infer  # noqa: F401
+from vitdeploy.cli import info as _info  # noqa: F401
 from vitdeploy.cli import numerics as _numerics  # noqa: F401
 from vitdeploy.cli import precision as _precision  # noqa: F401
 from vitdeploy.cli import train as _train  # noqa: F401  (registers commands)

@@ -117,14 +117,16 @@ def resolve_target(name: str | None) -> TargetFacts | None:
     if key in FACTS:
         return FACTS[key]
     ver = key.removeprefix("tensorrt").removeprefix("trt").strip("-_ ")
-    if ver != key and ver[:1].isdigit():
+    if ver != key and ver[:1].isdigit():  # a version (trt10.3): its line, where the line's rows stand for it (not 9.x)
         try:
-            return FACTS[target_of_version(ver)]
+            line = target_of_version(ver)
+            if trt_table.row_of(ver) in TARGET_ROWS[line]:
+                return FACTS[line]
         except ValueError:
             pass
     dev = parse_device(name)
     if dev is None:
-        raise UnknownTarget(f"unknown target {name!r}: choose a TensorRT line ({', '.join(TARGETS[:-1])}), ort (a CPU), "
+        raise UnknownTarget(f"unknown target {name!r}: choose one of {', '.join(TARGETS)} (a TensorRT line, or ort: a CPU), "
                             f"or {known_names()}")
     from vitdeploy.core.devices import jetpack
 

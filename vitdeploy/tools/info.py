@@ -1,0 +1,206 @@
+"""`vitdeploy info`: what an artifact says about itself, and whether what it was made from is still beside it.
+
+Every artifact carries one manifest (checkpoint, ONNX metadata, engine sidecar, a bundle's manifest.json) and every
+derived one records the SHA-256 of its source. This reads the manifest once and walks that chain: for each link the
+recorded SHA-256 is compared with the file of that name beside the artifact — current, stale (the file changed since:
+the artifact was made from an older model) or missing. Nothing is loaded into a runtime; a checkpoint is read by the
+model layer (torch), everything else as JSON/protobuf headers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vitdeploy.core.errors import UnreadableArtifact, UsageError
+from vitdeploy.core.manifest import Manifest
+
+ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
+CHECKPOINT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
+MAX_DEPTH = 8  # a chain is checkpoint -> onnx -> int8/fp16 -> engine; deeper means a loop in hand-edited manifests
+
+
+@dataclass
+class Link:
+    """One lineage link: ``artifact`` records ``source`` with ``recorded`` SHA-256; the file beside it has ``actual``."""
+
+    artifact: str
+    source: str
+    recorded: str | None
+    actual: str | None
+    state: str  # current | stale | missing | unrecorded
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"artifact": self.artifact, "source": self.source, "recorded_sha256": self.recorded,
+                "actual_sha256": self.actual, "state": self.state}
+
+
+@dataclass
+class ArtifactInfo:
+    """What `info` shows of one artifact."""
+
+    path: Path
+    kind: str  # checkpoint | onnx | engine | bundle
+    manifest: Manifest
+    lineage: list[Link] = field(default_factory=list)
+    files: list[Link] = field(default_factory=list)  # a bundle's packed files against the SHA-256 it recorded
+
+    @property
+    def current(self) -> bool:
+        return all(lk.state in ("current", "unrecorded") for lk in [*self.lineage, *self.files])
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.manifest
+        return {
+            "path": str(self.path), "kind": self.kind, "name": m.name, "precision": m.precision, "target": m.target,
+            "classes": m.num_classes if "num_classes" in m.model else len(m.labels), "labels": m.labels,
+            "preprocess": m.preprocess, "source": m.source, "lineage": [lk.to_dict() for lk in self.lineage],
+            "files": [lk.to_dict() for lk in self.files], "current": self.current, "manifest": m.to_dict(),
+        }
+
+
+def kind_of(path: Path) -> str:
+    if path.is_dir():
+        if (path / "manifest.json").is_file():
+            return "bundle"
+        if (path / "config.json").is_file():
+            return "checkpoint"  # a Hugging Face folder
+        raise UsageError(f"{path}: a folder without manifest.json (not a bundle) or config.json (not a Hugging Face model)")
+    if path.suffix == ".onnx":
+        return "onnx"
+    if path.suffix in ENGINE_SUFFIXES:
+        return "engine"
+    if path.suffix == ".json" and path.name.endswith(tuple(s + ".json" for s in ENGINE_SUFFIXES)):
+        return "engine"  # the sidecar named directly
+    return "checkpoint"
+
+
+def read(path: Path, kind: str) -> Manifest:
+    """The manifest of one artifact, read the way its kind stores it."""
+    if kind == "bundle":
+        try:
+            return Manifest.from_json((path / "manifest.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError, KeyError) as e:
+            raise UnreadableArtifact(f"{path}/manifest.json: not a vitdeploy manifest ({type(e).__name__})") from None
+    if kind == "engine":
+        from vitdeploy.core.artifact import read_manifest
+
+        return read_manifest(path.with_suffix("") if path.suffix == ".json" else path)
+    if kind == "onnx":
+        from vitdeploy.core.artifact import read_onnx_manifest
+
+        return read_onnx_manifest(path)
+    from vitdeploy.model.importers import read_any_manifest
+
+    return read_any_manifest(path)
+
+
+def _source_name(m: Manifest) -> str | None:
+    name = m.source.get("artifact") or m.source.get("path")
+    return str(name) if name else None
+
+
+def _sha(path: Path) -> str:
+    from vitdeploy.core.fileio import source_sha256
+
+    return source_sha256(path)
+
+
+def lineage(path: Path, m: Manifest) -> list[Link]:
+    """The chain from ``path`` back through each recorded source beside it, each link checked."""
+    links: list[Link] = []
+    seen = {path.resolve()}
+    cur, man = path, m
+    for _ in range(MAX_DEPTH):
+        name = _source_name(man)
+        if name is None:
+            break
+        recorded = man.source.get("sha256")
+        src = cur.parent / name
+        if not src.exists():
+            links.append(Link(cur.name, name, recorded, None, "missing"))
+            break
+        actual = _sha(src)
+        state = "unrecorded" if not recorded else ("current" if actual == recorded else "stale")
+        links.append(Link(cur.name, name, recorded, actual, state))
+        if src.resolve() in seen:
+            break
+        seen.add(src.resolve())
+        try:
+            man = read(src, kind_of(src))
+        except Exception:  # noqa: BLE001 - the chain ends at a source that is not a vitdeploy artifact
+            break
+        cur = src
+    return links
+
+
+def bundle_files(folder: Path, m: Manifest) -> list[Link]:
+    """Each file a bundle packed, against the SHA-256 its manifest recorded (a file edited after packing: stale)."""
+    out = []
+    for name, rec in (m.extra.get("bundle", {}).get("artifacts") or {}).items():
+        recorded = rec.get("sha256") if isinstance(rec, dict) else None
+        f = folder / name
+        if not f.exists():
+            out.append(Link(folder.name, name, recorded, None, "missing"))
+            continue
+        actual = _sha(f)
+        out.append(Link(folder.name, name, recorded, actual,
+                        "unrecorded" if not recorded else ("current" if actual == recorded else "stale")))
+    return out
+
+
+def info(path: str | Path) -> ArtifactInfo:
+    """Read one artifact's manifest and check its lineage (and a bundle's packed files)."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{p}: no such file or folder")
+    kind = kind_of(p)
+    m = read(p, kind)
+    res = ArtifactInfo(p, kind, m)
+    if kind == "bundle":
+        res.files = bundle_files(p, m)
+    else:
+        res.lineage = lineage(p, m)
+    return res
+
+
+def describe(i: ArtifactInfo) -> list[str]:
+    """The human form: one fact per line."""
+    m = i.manifest
+    pp = m.pp()
+    h, w = pp.input_size
+    labels = ", ".join(m.labels[:10]) + (f", … ({len(m.labels)} in all)" if len(m.labels) > 10 else "")
+    lines = [
+        f"{i.path}  ({i.kind}, {m.precision}, target {m.target or 'none (the default graph)'})",
+        f"  name           {m.name}",
+        f"  classes        {len(m.labels)}: {labels}",
+        f"  input          {h}x{w} RGB, resize {pp.resize_mode}, crop {pp.crop_pct:g}, {pp.interpolation}, "
+        f"mean {list(pp.mean)}, std {list(pp.std)}",
+    ]
+    made = {k: v for k, v in m.source.items() if k not in ("parent",) and v is not None}
+    if made:
+        lines.append("  made from      " + ", ".join(f"{k} {str(v)[:16] if k == 'sha256' else v}" for k, v in made.items()))
+    q = m.extra.get("quantization")
+    if isinstance(q, dict):
+        lines.append("  quantization   " + ", ".join(f"{k} {v}" for k, v in q.items() if not isinstance(v, (dict, list))))
+    eng = m.extra.get("engine")
+    if isinstance(eng, dict):
+        lines.append(f"  engine         TensorRT {eng.get('tensorrt')}, {eng.get('gpu')}, "
+                     f"compute {eng.get('compute_capability')}")
+    if i.kind != "bundle":
+        if i.lineage:
+            lines.append("  lineage        " + "  ←  ".join(
+                [i.path.name] + [f"{lk.source} ({lk.state})" for lk in i.lineage]))
+        else:
+            lines.append("  lineage        none recorded (made from a dataset or imported)")
+    for lk in i.files:
+        lines.append(f"  packed         {lk.source}: {lk.state}")
+    for lk in [*i.lineage, *i.files]:
+        if lk.state == "stale":
+            lines.append(f"  stale: {lk.source} changed since {lk.artifact} was made from it; re-make {lk.artifact}")
+    versions = ", ".join(f"{k} {v}" for k, v in m.versions.items() if not isinstance(v, (dict, list)))
+    if versions:
+        lines.append(f"  versions       {versions}")
+    return lines
+
