@@ -39,7 +39,8 @@ def format_table(rows: list) -> str:
 @app.command()
 @handle_errors
 def benchmark(
-    models: Optional[list[Path]] = typer.Argument(None, help="Checkpoints, ONNX models and engines to measure side by side."),
+    models: Optional[list[Path]] = typer.Argument(None, help="Checkpoints, ONNX models and engines to measure side by side. "
+                                                  "Default: the artifacts in this folder (as infer picks them)."),
     preset: Optional[str] = typer.Option(None, help="Without MODEL: build a random-weight model of this preset, its FP32, FP16 and INT8 ONNX, and measure them all (see `vitdeploy presets`)."),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="Comma-separated batch sizes."),
     backends: Optional[str] = typer.Option(None, help="Comma-separated backends to measure (torch, onnxruntime, openvino, tensorrt). Default: every installed backend that can run each artifact."),
@@ -56,16 +57,20 @@ def benchmark(
     Each row runs in its own process (ONNX Runtime's and OpenVINO's thread pools slow each other in one) and
     the rows' rounds alternate, so the ratios hold on a busy machine; peak MB is the row process's peak RSS.
     """
-    import json
-
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from vitdeploy.core.errors import UsageError
-    from vitdeploy.core.fileio import check_output, write_text_atomic
+    from vitdeploy.core.fileio import check_output, names_stdout, strict_json, write_text_atomic
     from vitdeploy.tools.bench import benchmark as run_benchmark
     from vitdeploy.tools.bench import benchmark_preset
 
-    to_stdout = json_file is not None and str(json_file) == "-"
+    if not models and not preset:  # like infer: the folder's artifacts (raw-pixel variants left out)
+        from vitdeploy.tools.infer import candidate_models
+
+        models = [p for p in candidate_models(".") if not p.name.endswith(".raw.onnx")]
+        if models:
+            err_console.print("measuring the artifacts here: " + ", ".join(p.name for p in models), highlight=False)
+    to_stdout = names_stdout(json_file)
     if json_file is not None and not to_stdout:
         check_output(json_file, models or [], option="--json")
     sizes = _ints(batch_sizes, "--batch-sizes")
@@ -102,5 +107,5 @@ def benchmark(
     console.print(f"settings: torch {rep.settings['torch']}; onnxruntime {rep.settings['onnxruntime']}; "
                   f"openvino {rep.settings['openvino']}; {rep.settings['isolation']}", highlight=False, soft_wrap=True)
     if json_file is not None:
-        write_text_atomic(json_file, json.dumps(rep.to_dict(), indent=2) + "\n")
+        write_text_atomic(json_file, strict_json(rep.to_dict()) + "\n")
         console.print(f"results → {json_file}", highlight=False)

@@ -18,7 +18,8 @@ SHOW = 20  # images listed one per line; the rest are counted
 @handle_errors
 def explain(
     images: list[Path] = typer.Argument(..., help="Image files or folders of them."),
-    model: Path = typer.Option(Path("ckpt.pth"), "--model", "-m", help="A checkpoint, or an ONNX model (FP32, FP16 or INT8: its own attention)."),
+    model: Optional[Path] = typer.Option(None, "--model", "-m", help="A checkpoint, or an ONNX model (FP32, FP16 or INT8: its own "
+                                         "attention). Default: ckpt.pth here, else the ONNX model infer would pick."),
     out_dir: Path = typer.Option(Path("attention"), "--out", "-o", help="Folder for the PNGs (<image name>.attention.png)."),
     method: str = typer.Option("rollout", help="rollout (all blocks, Abnar & Zuidema 2020) or last-layer."),
     head_fusion: str = typer.Option("mean", help="How the heads of a block combine: mean, max or min."),
@@ -40,6 +41,7 @@ def explain(
     from vitdeploy.tools.explain import check_comparable, compare_maps
     from vitdeploy.tools.explain import explain as run_explain
 
+    model = model or default_model()
     total = sum(len(list_images(p)) or (1 if p.is_file() else 0) for p in images if p.exists())
     from vitdeploy.core.fileio import check_output
 
@@ -96,3 +98,17 @@ def explain(
     if result.skipped:
         err_console.print(f"{len(result.skipped)} unreadable image(s) skipped")
         raise typer.Exit(EXIT_PARTIAL)
+
+
+def default_model() -> Path:
+    """What explain reads without --model, like the other commands pick: ckpt.pth, else the folder's ONNX model."""
+    from vitdeploy.core.errors import UsageError
+    from vitdeploy.tools.infer import candidate_models
+
+    if Path("ckpt.pth").is_file():
+        return Path("ckpt.pth")
+    onnx = [p for p in candidate_models(".", "onnxruntime") if not p.name.endswith(".raw.onnx")]
+    if onnx:
+        err_console.print(f"model: {onnx[0]} (the one here)", highlight=False)
+        return onnx[0]
+    raise UsageError("no model here: pass --model (a checkpoint or ONNX model), or run where ckpt.pth or model.onnx is")

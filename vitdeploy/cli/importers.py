@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from vitdeploy.cli.app import app, console, handle_errors
+from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step
 
 
 @app.command("import")
@@ -27,6 +27,8 @@ def import_(
     from vitdeploy.model.importers import import_checkpoint
 
     check_output(out, [source, labels])  # over its own source, a checkpoint would lose its training state
+    err_console.print(f"importing {source}: reading the weights and building the model (seconds for ViT-B)…", highlight=False,
+                      soft_wrap=True)
     path, m = import_checkpoint(source, out, arch=arch, labels=labels)
     pp = m.pp()
     h, w = pp.input_size
@@ -36,3 +38,4 @@ def import_(
         f"mean {list(pp.mean)}, std {list(pp.std)})",
         highlight=False,
     )
+    next_step(f"vitdeploy export {path} -i IMAGES", f"vitdeploy bundle {path} -t jetpack6.1 -i IMAGES")

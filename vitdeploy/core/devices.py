@@ -170,7 +170,7 @@ def parse_device(name: str) -> DeviceFacts | None:
         if len(lines) != 1:
             raise UsageError(f"{name}: the {module(mod).title} runs JetPack "
                              + ", ".join(j.release for j in cands)
-                             + f", which ship different TensorRT lines: name the JetPack too, e.g. "
+                             + f", which ship different TensorRT versions: name the JetPack too, e.g. "
                              f"jetpack{cands[-1].release}-{mod}")
         jp = cands[0]
         release = None
@@ -178,9 +178,8 @@ def parse_device(name: str) -> DeviceFacts | None:
 
 
 def _line(version: str) -> str:
-    from vitdeploy.core.targets import target_of_version
-
-    return target_of_version(version)
+    """The version table's row (core/trt_table.py): two JetPacks whose TensorRT share a row make the same artifact."""
+    return trt_table.row_of(version)
 
 
 def _facts(spoken: str, jp: JetPack, mod: str | None, jp_named: bool) -> DeviceFacts:
