@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.text import Text
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors, print_json, styled
+from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step, print_json, styled
 from vitdeploy.core.errors import EXIT_PARTIAL
 
 
@@ -88,6 +88,8 @@ def verify(
         from vitdeploy.checks.report import write_report
 
         console.print(f"report → {write_report(report, report_dir)}", highlight=False)
+    if report.passed and not to_stdout:
+        next_step(f"vitdeploy bundle {' '.join(str(c) for c in candidates if str(c).endswith('.onnx')) or reference} -i {images}")
     if not report.passed:
         for f in report.failures[1:]:
             err_console.print(styled("outside tolerance:", "red", f), highlight=False)
