@@ -20,6 +20,7 @@ from vitdeploy.checks.metrics import compare, top_k_accuracy
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.core.manifest import Manifest
 from vitdeploy.graph.quantize import SwitchableQDQ
+from vitdeploy.runners.base import Runner
 
 SENSITIVITY_IMAGES = 256
 
@@ -35,47 +36,68 @@ class EvalSet:
 
 
 def load_eval_set(root: str | Path, manifest: Manifest, batch_size: int = 64) -> EvalSet:
-    """An ImageFolder (or its val/ split) whose class folders are named as the model's labels."""
-    from vitdeploy.core.images import iter_batches
-    from vitdeploy.model.data import read_labeled_folder
+    """An ImageFolder (or its val/ split) whose class folders are named as the model's labels, decoded once."""
+    from vitdeploy.model.imageset import ImageSet
 
-    folder = read_labeled_folder(root, list(manifest.labels), require=True)
-    r = folder.root
-    xs: list[np.ndarray] = []
-    ys: list[int] = []
-    skipped: list[tuple[str, str]] = []
-    for b in iter_batches(folder.files, manifest.pp(), batch_size, labels=folder.labels):
-        skipped += [(str(p), why) for p, why in b.skipped]
-        if len(b.paths):
-            xs.append(b.array)
-            ys += list(b.labels or [])
-    if not xs:
-        raise VitdeployError(f"{r}: none of its images could be read")
-    return EvalSet(np.concatenate(xs).astype(np.float32), np.asarray(ys, np.int64), r, skipped)
+    images = ImageSet.labeled(root, list(manifest.labels), require=True)
+    _, x, y = images.arrays(manifest.pp(), batch_size)
+    assert y is not None  # a required labeled folder has labels
+    return EvalSet(x, y, Path(images.source), images.skipped)
+
+
+# A runner for a candidate graph in memory (the guard's probes): where the INT8 model is measured.
+RunnerFactory = Callable[[Any], Runner]
+GUARD_BACKENDS = ("onnxruntime", "openvino", "oracle")
+
+
+def runner_factory(backend: str = "onnxruntime", manifest: Manifest | None = None, target: str | None = None) -> RunnerFactory:
+    """Runners for graphs in memory on ``backend``: onnxruntime or openvino (CPU targets), or the TensorRT oracle
+    (what TensorRT computes, for a TensorRT ``target``)."""
+    if backend not in GUARD_BACKENDS:
+        raise VitdeployError(f"the guard evaluates on {', '.join(GUARD_BACKENDS)}, not {backend!r}")
+
+    def make(model: Any) -> Runner:
+        if backend == "openvino":
+            from vitdeploy.runners.openvino.runner import OpenVinoRunner
+
+            return OpenVinoRunner(model, cache=False, manifest=manifest)
+        if backend == "oracle":
+            from vitdeploy.runners.oracle.runner import OracleRunner
+
+            return OracleRunner(model, target=target, manifest=manifest)
+        from vitdeploy.runners.onnxruntime import OnnxRuntimeRunner
+
+        return OnnxRuntimeRunner(model, manifest=manifest)
+
+    return make
 
 
 def session(model: Any, threads: int | None = None) -> Any:
-    """An ONNX Runtime CPU session for a ModelProto or a path."""
-    import onnxruntime as ort
+    """An ONNX Runtime CPU session for a ModelProto or a path (runners.onnxruntime's loader)."""
+    from vitdeploy.runners.onnxruntime import session as ort_session
 
-    from vitdeploy.runners.onnxruntime import session_options
-
-    src = model if isinstance(model, (str, Path)) else model.SerializeToString()
-    return ort.InferenceSession(str(src) if isinstance(src, Path) else src, session_options(threads), providers=["CPUExecutionProvider"])
+    return ort_session(model, threads)
 
 
-def logits(model: Any, x: np.ndarray, batch_size: int = 64, backend: str = "onnxruntime") -> np.ndarray:
-    """The model's logits on x, on ONNX Runtime or (``backend="openvino"``) OpenVINO, both on the CPU."""
-    if backend == "openvino":
-        from vitdeploy.runners.openvino.loader import compile_model_proto
+def logits(model: Any, x: np.ndarray, batch_size: int = 64, backend: str = "onnxruntime",
+           factory: RunnerFactory | None = None) -> np.ndarray:
+    """The model's logits on x, on the guard's backend (a ``factory``, or one made for ``backend``)."""
+    from vitdeploy.checks.compare import run_arrays
 
-        req = compile_model_proto(model).create_infer_request()
-        return np.concatenate([np.array(req.infer({0: x[i : i + batch_size]})[0], np.float32)
-                               for i in range(0, len(x), batch_size)])
-    s = session(model)
-    name = s.get_inputs()[0].name
-    out = [s.run(None, {name: x[i : i + batch_size]})[0] for i in range(0, len(x), batch_size)]
-    return np.concatenate(out).astype(np.float32)
+    runner = (factory or runner_factory(backend, _manifest_of(model)))(model)
+    try:
+        return run_arrays([runner], x, batch_size)[0]
+    finally:
+        runner.close()
+
+
+def _manifest_of(model: Any) -> Manifest | None:
+    from vitdeploy.core.artifact import manifest_from_onnx
+
+    try:
+        return manifest_from_onnx(model, "the model in memory")
+    except VitdeployError:
+        return None
 
 
 @dataclass
@@ -142,6 +164,7 @@ def guard(
     progress: Callable[[str, dict[str, Any]], None] | None = None,
     min_agreement: float | None = None,
     backend: str = "onnxruntime",
+    factory: RunnerFactory | None = None,
 ) -> tuple[Any, GuardResult]:
     """Exclude the most sensitive layers until the top-1 drop is within ``max_drop`` points
     (and, with ``min_agreement``, the top-1 agreement with FP32 at least that fraction).
@@ -149,14 +172,16 @@ def guard(
     ``switch`` holds the INT8 graph of every layer (each weight quantized once); a probe only
     switches layers to float in place. Returns the final model (``switch.final``) and what was
     done; ``met`` is False when even excluding every layer did not meet the budget. ``backend``: where the
-    INT8 model is evaluated (onnxruntime or openvino: the runtime it will be deployed on).
+    INT8 model is evaluated (onnxruntime or openvino: the runtime it will be deployed on); ``factory``: the runners
+    to measure on (default: one for ``backend``), e.g. the TensorRT oracle for a TensorRT target.
     """
+    make = factory or runner_factory(backend, _manifest_of(switch.select([])))
     layers = [la.node for la in switch.layers]
 
     def ok(f: Figures) -> bool:
         return (max_drop is None or f.drop_points <= max_drop) and (min_agreement is None or f.agreement >= min_agreement)
 
-    first = figures(fp32_logits, logits(switch.select([]), ev.x, backend=backend), ev.y)
+    first = figures(fp32_logits, logits(switch.select([]), ev.x, factory=make), ev.y)
     if ok(first):
         return switch.final([]), GuardResult([], first, first, max_drop, {}, True, min_agreement)
     # per-layer sensitivity: only that layer quantized, mean squared logit error against FP32 on a subset
@@ -167,7 +192,7 @@ def guard(
         if progress:
             progress("sensitivity", {"done": i, "total": len(layers), "layer": name})
         only = switch.select([other for other in layers if other != name])
-        sens[name] = compare(ref, logits(only, xs, backend=backend)).mean_sq_diff
+        sens[name] = compare(ref, logits(only, xs, factory=make)).mean_sq_diff
     order = sorted(layers, key=lambda k: sens[k], reverse=True)
     excluded: list[str] = []
     last = first
@@ -175,7 +200,7 @@ def guard(
         excluded.append(name)
         if progress:
             progress("exclude", {"done": len(excluded), "total": len(order), "layer": name})
-        last = figures(fp32_logits, logits(switch.select(excluded), ev.x, backend=backend), ev.y)
+        last = figures(fp32_logits, logits(switch.select(excluded), ev.x, factory=make), ev.y)
         if ok(last):
             return switch.final(excluded), GuardResult(excluded, first, last, max_drop, sens, True, min_agreement)
     return switch.final(excluded), GuardResult(excluded, first, last, max_drop, sens, False, min_agreement)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vitdeploy.checks.metrics import compare
+from vitdeploy.checks.metrics import compare, nonfinite_note
 from vitdeploy.core.errors import ParityError, VitdeployError
 from vitdeploy.core.manifest import Manifest
 
@@ -34,12 +34,15 @@ class BatchParity:
     max_abs_logit: float
     tolerance: float
     top1_mismatches: int
+    nonfinite: int = 0  # images whose ONNX logits hold NaN or Inf (metrics.compare)
 
     @property
     def passed(self) -> bool:
-        return self.max_abs_diff <= self.tolerance and self.top1_mismatches == 0
+        return self.max_abs_diff <= self.tolerance and self.top1_mismatches == 0 and not self.nonfinite
 
     def describe(self) -> str:
+        if self.nonfinite:
+            return f"batch {self.batch_size}: {nonfinite_note(self.nonfinite, self.batch_size, 'the ONNX model')}"
         s = f"batch {self.batch_size}: max |Δlogit| {self.max_abs_diff:.2e} (limit {self.tolerance:.2e}"
         s += f" = {PARITY_RTOL:g} × max(1, {self.max_abs_logit:.3g}))"
         if self.top1_mismatches:
@@ -104,53 +107,24 @@ class ParityReport:
 def _parity_inputs(
     manifest: Manifest, images: str | Path | None, count: int
 ) -> tuple[np.ndarray, int, str, list[str], list[tuple[str, str]]]:
-    """``count`` preprocessed inputs from the first source that has images (cycled when there are fewer),
-    and how many distinct ones there are."""
-    from vitdeploy.core.images import iter_batches
-    from vitdeploy.core.preprocess import list_images
+    """``count`` preprocessed inputs from the image set the one rule picks (ImageSet.for_model; cycled when there
+    are fewer), and how many distinct ones there are; random inputs, with a note, where it picks none."""
+    from vitdeploy.model.imageset import ImageSet
 
-    pp = manifest.pp()
     notes: list[str] = []
-    skipped: list[tuple[str, str]] = []
-    arrays: list[np.ndarray] = []
-    source = ""
-    folder: Path | None = None
-    if images is not None:
-        folder = Path(images)
-        if not folder.exists():
-            raise VitdeployError(f"--images {folder}: no such folder")
-        files = list_images(folder)
-        if not files:
-            raise VitdeployError(f"--images {folder}: no image files in it")
+    chosen = ImageSet.for_model(manifest, images, limit=count * 2)
+    if chosen is not None:
+        _, arrays, _ = chosen.arrays(manifest.pp(), batch_size=count)
+        arrays = arrays[:count]
+        source, skipped = chosen.source.rstrip("/"), chosen.skipped
     else:
-        cal = Path("calibration")
-        files = list_images(cal) if cal.is_dir() else []
-        folder = cal if files else None
-    if folder is not None:
-        source = str(folder)
-        for b in iter_batches(files[: count * 2], pp, batch_size=count):
-            skipped += [(str(p), why) for p, why in b.skipped]
-            arrays += list(b.array) if len(b.paths) else []
-            if len(arrays) >= count:
-                break
-        if not arrays:
-            raise VitdeployError(f"{folder}: none of its images can be read (first: {skipped[0][0]}: {skipped[0][1]})")
-    elif manifest.source.get("dataset") == "digits":
-        from vitdeploy.core.preprocess import preprocess_image
-        from vitdeploy.model.data import digits_images, digits_split
-
-        imgs, _ = digits_images()
-        _, val = digits_split()
-        source = "digits"
-        arrays = [preprocess_image(imgs[i].convert("RGB"), pp) for i in val[:count]]
-    else:
-        source = "random"
+        source, skipped = "random", []
         notes.append(
             "no images to check parity on (no --images, no calibration/ images, not a digits model): "
             "random inputs prove the graph, not the accuracy; pass --images DIR"
         )
         h, w = manifest.input_size
-        arrays = list(np.random.default_rng(0).standard_normal((count, 3, h, w), dtype=np.float32))
+        arrays = np.random.default_rng(0).standard_normal((count, 3, h, w), dtype=np.float32)
     n = len(arrays)
     if n < count:
         notes.append(f"only {n} readable image(s) in {source}: repeated to fill batches")
@@ -177,6 +151,7 @@ def check_parity(
     """
     import torch
 
+    from vitdeploy.checks.compare import run_arrays
     from vitdeploy.runners.onnxruntime import OnnxRuntimeRunner
 
     model = _torch_model(checkpoint_or_model, arch, labels)
@@ -188,7 +163,7 @@ def check_parity(
     results: list[BatchParity] = []
     for bs in batch_sizes:
         ref = ref_all[:bs]
-        got = runner.run(x[:bs])
+        got = run_arrays([runner], x[:bs], batch_size=bs)[0]  # one ONNX Runtime call at this batch size
         if got.shape != ref.shape:
             raise VitdeployError(f"{onnx_path}: batch {bs} gives logits of shape {list(got.shape)}, PyTorch {list(ref.shape)}")
         c = compare(ref, got)
@@ -199,6 +174,7 @@ def check_parity(
                 max_abs_logit=c.max_abs_reference,
                 tolerance=c.limit(rtol),
                 top1_mismatches=c.mismatches,
+                nonfinite=c.nonfinite,
             )
         )
     runner.close()

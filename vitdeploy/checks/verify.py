@@ -7,7 +7,6 @@ keeps every artifact's full logits, in image order, for reports built on top of 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,6 @@ import numpy as np
 
 from vitdeploy.checks import metrics
 from vitdeploy.core.errors import UsageError, VitdeployError
-from vitdeploy.core.manifest import Manifest
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -170,33 +168,6 @@ class VerifyReport:
         }
 
 
-def _image_set(images: str | Path, manifest: Manifest) -> tuple[list[Path], list[int] | None, list[str]]:
-    """Files to measure, their labels (indices into the model's labels) when the folder is labeled, and notes."""
-    from vitdeploy.model.data import read_labeled_folder
-
-    root = Path(images)
-    if not root.exists():
-        raise VitdeployError(f"--images {root}: no such folder")
-    if root.is_file():
-        return [root], None, []
-    folder = read_labeled_folder(root, list(manifest.labels))
-    return folder.files, folder.labels, folder.notes
-
-
-def _check_compatible(manifests: Sequence[tuple[str, Manifest]]) -> None:
-    ref_name, ref = manifests[0]
-    for name, m in manifests[1:]:
-        if m.num_classes != ref.num_classes:
-            raise VitdeployError(
-                f"{name} has {m.num_classes} classes, {ref_name} has {ref.num_classes}: verify compares artifacts of one model"
-            )
-        if m.input_size != ref.input_size:
-            raise VitdeployError(
-                f"{name} takes {m.input_size[0]}x{m.input_size[1]} inputs, {ref_name} "
-                f"{ref.input_size[0]}x{ref.input_size[1]}: verify compares artifacts of one model"
-            )
-
-
 def compare(
     name: str,
     logits: np.ndarray,
@@ -227,6 +198,8 @@ def compare(
         tolerance=tolerance,
     )
     if tolerance is not None and n:
+        if (nonfinite := cmp.nonfinite_message()) is not None:  # first: it is the cause of the other failures
+            res.failures.append(nonfinite)
         ref_max = cmp.max_abs_reference
         if tolerance.rtol is not None:
             limit = cmp.limit(tolerance.rtol)
@@ -258,7 +231,8 @@ def verify(
     ``tolerance`` None: per the candidate's precision (DEFAULT_TOLERANCES). Returns the report
     whether or not it passes (``report.passed``); bad inputs raise VitdeployError.
     """
-    from vitdeploy.core.images import iter_batches
+    from vitdeploy.checks.compare import require_same_model, run
+    from vitdeploy.model.imageset import ImageSet
     from vitdeploy.runners import BACKENDS_OF_KIND, Runner, artifact_kind, default_backend, open_runner
 
     if isinstance(tolerance, str):
@@ -286,54 +260,18 @@ def verify(
                 notes.append(f"{a}: a {artifact_kind(a)} runs on {default_backend(a, device)}, not {backend}")
             runners.append(open_runner(a, backend=use, threads=threads, device=device))
             if i > 0:
-                _check_compatible([(str(artifacts[0]), runners[0].manifest), (str(a), runners[i].manifest)])
+                require_same_model((str(artifacts[0]), runners[0].manifest), (str(a), runners[i].manifest),
+                                   "verify compares artifacts of one model")
         ref_manifest = runners[0].manifest
-        paths, labels, more = _image_set(images, ref_manifest)
-        notes += more
-        # one pass over the images per distinct preprocessing (normally one for all)
-        groups: dict[str, list[int]] = {}
-        for i, r in enumerate(runners):
-            groups.setdefault(r.manifest.pp().__repr__(), []).append(i)
-        outs: list[list[np.ndarray]] = [[] for _ in runners]
-        secs = [0.0 for _ in runners]
-        kept: list[str] | None = None
-        kept_labels: list[int] = []
-        skipped: list[tuple[str, str]] = []
-        if progress:
-            progress("start", {"total": len(paths) * len(groups), "artifacts": len(runners)})
-        for gi, members in enumerate(groups.values()):
-            pp = runners[members[0]].manifest.pp()
-            these: list[str] = []
-            for b in iter_batches(paths, pp, batch_size, labels=labels):
-                if gi == 0:
-                    skipped += [(str(p), why) for p, why in b.skipped]
-                    kept_labels += b.labels or []
-                these += [str(p) for p in b.paths]
-                if len(b.paths):
-                    for i in members:
-                        t = time.perf_counter()
-                        outs[i].append(runners[i](b.array))
-                        secs[i] += time.perf_counter() - t
-                if progress:
-                    progress("advance", {"n": len(b.paths) + len(b.skipped)})
-            if kept is None:
-                kept = these
-            elif these != kept:
-                raise VitdeployError(f"{images}: the readable images changed between passes; re-run on a stable folder")
-            if len(groups) > 1:
-                notes.append(f"{', '.join(str(artifacts[i]) for i in members)}: own preprocessing ({pp.to_dict()})")
+        image_set = ImageSet.labeled(images, list(ref_manifest.labels))
+        notes += image_set.notes
+        res = run(runners, image_set, batch_size, progress)
     finally:
         for r in runners:
             r.close()
-    kept = kept or []
-    if not kept:
-        first = f" (first: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
-        raise VitdeployError(f"{images}: no readable images to verify on{first}")
-    num_classes = ref_manifest.num_classes
-    logits = [np.concatenate(o).astype(np.float32) if o else np.zeros((0, num_classes), np.float32) for o in outs]
-    lab = np.asarray(kept_labels, np.int64) if labels is not None else None
+    notes += res.notes
     results = []
     for i, (a, r) in enumerate(zip(artifacts, runners, strict=True)):
         tol = None if i == 0 else (tolerance or default_tolerance(r.precision))
-        results.append(compare(str(a), logits[i], logits[0], lab, tol, r.backend, r.precision, secs[i]))
-    return VerifyReport(results, kept, lab, list(ref_manifest.labels), str(images), skipped, notes)
+        results.append(compare(str(a), res.logits[i], res.logits[0], res.labels, tol, r.backend, r.precision, res.seconds[i]))
+    return VerifyReport(results, res.paths, res.labels, list(ref_manifest.labels), str(images), res.skipped, notes)

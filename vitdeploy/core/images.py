@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,13 +33,13 @@ def default_workers() -> int:
 
 
 def iter_batches(
-    paths: Sequence[str | Path],
+    paths: Sequence[Any],
     pp: Preprocess,
     batch_size: int,
     labels: Sequence[int] | None = None,
     workers: int | None = None,
     prefetch_batches: int = 2,
-    loader: Callable[[Path, Preprocess], np.ndarray] = preprocess_file,
+    loader: Callable[[Any, Preprocess], np.ndarray] = preprocess_file,
 ) -> Iterator[Batch]:
     """Batches of decoded images in input order; unreadable files are reported in ``Batch.skipped``.
 
@@ -46,7 +47,7 @@ def iter_batches(
     """
     if batch_size < 1:
         raise ValueError("batch size must be at least 1")
-    items = [Path(p) for p in paths]
+    items = [Path(p) if isinstance(p, str) else p for p in paths]  # paths, or in-memory images a loader takes
     window = batch_size * (prefetch_batches + 1)
     with ThreadPoolExecutor(max_workers=workers or default_workers(), thread_name_prefix="vitdeploy-read") as pool:
         pending: deque[tuple[int, Future[np.ndarray]]] = deque()

@@ -330,6 +330,7 @@ def _quantization_record(
 def _quantize(
     model: Any, manifest: Manifest, layers: list[Any], amax: dict[str, float], eval_dir: str | Path | None,
     max_drop: float | None, min_agreement: float | None, progress: Progress | None, backend: str = "onnxruntime",
+    target: str | None = None,
 ) -> tuple[Any, list[str], dict[str, Any], dict[str, Any] | None, Any]:
     """The Q/DQ model, the layers kept in float, the guard's figures and record (None without --eval), and
     (eval set, FP32 logits) to measure the written model on (None without --eval).
@@ -341,13 +342,14 @@ def _quantize(
 
     if eval_dir is None:
         return insert_qdq(model, layers, amax), [], {}, None, None
-    from vitdeploy.checks.guard import guard, load_eval_set, logits
+    from vitdeploy.checks.guard import guard, load_eval_set, logits, runner_factory
 
     if progress:
         progress("evaluate", {})
     ev = load_eval_set(eval_dir, manifest)
     ref = logits(model, ev.x)
-    qmodel, g = guard(SwitchableQDQ(model, layers, amax), ev, ref, max_drop, progress, min_agreement, backend=backend)
+    factory = runner_factory(backend, manifest, target)
+    qmodel, g = guard(SwitchableQDQ(model, layers, amax), ev, ref, max_drop, progress, min_agreement, factory=factory)
     info = g.to_dict()
     info["eval"] = str(Path(eval_dir))
     info["backend"] = backend
@@ -371,7 +373,7 @@ def calibrate(
     progress: Progress | None = None,
     min_agreement: float | None = None,
     target: str | None = None,
-    backend: str = "onnxruntime",
+    backend: str = "auto",
 ) -> CalibrationResult:
     """Quantize an FP32 ONNX model to explicit int8 Q/DQ from calibration images; optionally guard its accuracy.
 
@@ -386,7 +388,8 @@ def calibrate(
     TensorRT placement. ``target`` (default: the source's) is what the artifact is made for: for ``trt10`` and
     ``trt11`` (strongly typed builds that read float16 DequantizeLinear scales) the model goes to opset 19 and the
     Q/DQ pairs, their scales and the quantized GEMMs are float16, so no Cast sits next to a quantized GEMM; for
-    ``trt8.5`` LayerNorm is spelled out in primitive ops. ``backend``: the CPU runtime the guard evaluates the INT8 model on (onnxruntime or
+    ``trt8.5`` LayerNorm is spelled out in primitive ops. ``backend``: where the guard evaluates the INT8 model ("auto": the TensorRT oracle for a TensorRT target,
+    ONNX Runtime otherwise; or onnxruntime, openvino, oracle) (onnxruntime or
     openvino: where it will run). An ``OnnxArtifact`` passed as ``model_onnx`` (build-engine's) is not read again;
     its graph may be changed in place.
     """
@@ -396,8 +399,8 @@ def calibrate(
 
     _check_options(method, float_type or "fp32", batch_size, max_drop, min_agreement, eval_dir)
     check_target(target)
-    if backend not in ("onnxruntime", "openvino"):
-        raise VitdeployError(f"the guard evaluates on onnxruntime or openvino, not {backend!r}")
+    if backend not in ("auto", "onnxruntime", "openvino", "oracle"):
+        raise UsageError(f"the guard evaluates on auto, onnxruntime, openvino or oracle, not {backend!r}")
     if backend == "openvino":
         from vitdeploy.runners.openvino.loader import import_openvino
 
@@ -407,6 +410,8 @@ def calibrate(
     model, manifest = _fp32_source(art)
     target = target or manifest.target
     facts = check_target(target)
+    if backend == "auto":  # a TensorRT target is judged on what TensorRT computes (the oracle), a CPU on ONNX Runtime
+        backend = "oracle" if target is not None and target not in CPU_TARGETS else "onnxruntime"
     if float_type is None:
         float_type = "fp16" if facts is not None and facts.float_dtype_int8 == "float16" else "fp32"
     if facts is not None and facts.fp16_dq_scales and float_type != "fp16":
@@ -439,7 +444,7 @@ def calibrate(
     amax = {t: r[method] for t, r in ranges.items()}
 
     qmodel, excluded, figs, guard_info, measured = _quantize(model, manifest, layers, amax, eval_dir, max_drop, min_agreement, progress,
-                                                   backend)
+                                                   backend, target)
     quantized = [la.node for la in layers if la.node not in set(excluded)]
     if float_type == "fp16" and facts is not None and facts.fp16_dq_scales:
         # TensorRT 10/11 read float16 scales (opset 19): Q/DQ, scales and the quantized GEMMs are all float16, so a
@@ -448,10 +453,10 @@ def calibrate(
 
         qmodel = to_fp16(to_opset(qmodel, FP16_QDQ_OPSET))
         if measured is not None:  # the guard measured the float32 Q/DQ graph: report the float16 one written
-            from vitdeploy.checks.guard import figures, logits
+            from vitdeploy.checks.guard import figures, logits, runner_factory
 
             ev, ref = measured
-            figs = figures(ref, logits(qmodel, ev.x, backend=backend), ev.y).to_dict()
+            figs = figures(ref, logits(qmodel, ev.x, factory=runner_factory(backend, manifest, target)), ev.y).to_dict()
             if guard_info is not None:
                 guard_info["written"] = figs
             if (max_drop is not None and figs["drop_points"] > max_drop) or (

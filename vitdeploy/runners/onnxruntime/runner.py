@@ -7,45 +7,30 @@ from typing import Any
 
 import numpy as np
 
-from vitdeploy.core.artifact import read_onnx_manifest
+from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import VitdeployError
-from vitdeploy.core.host import available_cores
 from vitdeploy.core.manifest import Manifest
 from vitdeploy.runners.base import Runner
-
-
-def session_options(threads: int | None = None) -> Any:
-    """The settings measured fastest here: all graph optimizations, one intra-op thread per core, sequential."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.intra_op_num_threads = threads or available_cores()
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    return so
+from vitdeploy.runners.onnxruntime.loader import session
 
 
 class OnnxRuntimeRunner(Runner):
     backend = "onnxruntime"
 
-    def __init__(self, path: str | Path, providers: list[str] | None = None, threads: int | None = None,
-                 manifest: Manifest | None = None) -> None:
-        """``manifest``: the model's, where the caller has read it already (the file is then read by ONNX Runtime only)."""
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            raise VitdeployError("onnxruntime is not installed: pip install 'vitdeploy[cpu]' (or [gpu])") from None
-        if manifest is None:
-            manifest = read_onnx_manifest(path)
+    def __init__(self, src: str | Path | OnnxArtifact | Any, providers: list[str] | None = None,
+                 threads: int | None = None, manifest: Manifest | None = None) -> None:
+        """``src``: a path, an OnnxArtifact or an onnx.ModelProto in memory; ``manifest``: the model's, where the
+        caller has it already (otherwise it comes from the artifact, read without parsing the graph)."""
+        if isinstance(src, (str, Path)):
+            src = OnnxArtifact.open(src)
+        if isinstance(src, OnnxArtifact):
+            path = src.path
+            manifest = manifest or src.manifest
+        else:
+            path = Path("<in memory>")
+            manifest = manifest or OnnxArtifact(path, model=src).manifest
         super().__init__(manifest, path)
-        avail = ort.get_available_providers()
-        providers = [p for p in (providers or ["CPUExecutionProvider"]) if p in avail] or ["CPUExecutionProvider"]
-        try:
-            self.session = ort.InferenceSession(str(path), session_options(threads), providers=providers)
-        except Exception as e:
-            raise VitdeployError(f"{path}: ONNX Runtime cannot load it ({str(e).splitlines()[0][:160]})") from None
+        self.session = session(src, threads, providers)
         inp = self.session.get_inputs()[0]
         if inp.type not in ("tensor(float)", "tensor(float16)") or (len(inp.shape) == 4 and inp.shape[1] != 3):
             raise VitdeployError(
@@ -58,6 +43,8 @@ class OnnxRuntimeRunner(Runner):
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         x = self.check_input(batch)
+        if self.input_type == "tensor(float16)":
+            x = x.astype(np.float16)
         out = self.session.run([self.output_name], {self.input_name: x})[0]
         return np.asarray(out, dtype=np.float32)
 

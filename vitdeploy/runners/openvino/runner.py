@@ -7,20 +7,26 @@ from typing import Any
 
 import numpy as np
 
-from vitdeploy.core.artifact import read_onnx_manifest
+from vitdeploy.core.artifact import manifest_from_onnx, read_onnx_manifest
 from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.manifest import Manifest
 from vitdeploy.runners.base import Runner
-from vitdeploy.runners.openvino.loader import compile_config, compile_onnx
+from vitdeploy.runners.openvino.loader import compile_config, compile_model_proto, compile_onnx
 
 
 class OpenVinoRunner(Runner):
     backend = "openvino"
 
-    def __init__(self, path: str | Path, threads: int | None = None, cache: bool = True) -> None:
-        manifest = read_onnx_manifest(path)
-        super().__init__(manifest, path)
+    def __init__(self, path: str | Path | Any, threads: int | None = None, cache: bool = True,
+                 manifest: Manifest | None = None) -> None:
+        """``path``: an ONNX file, or an onnx.ModelProto in memory (the calibrate guard's candidates: not cached)."""
+        in_memory = not isinstance(path, (str, Path))
+        if manifest is None:
+            manifest = manifest_from_onnx(path, "the model in memory") if in_memory else read_onnx_manifest(path)
+        super().__init__(manifest, Path("<in memory>") if in_memory else path)
         self.float_type = manifest.extra.get("float_type") or ("fp16" if manifest.precision == "fp16" else "fp32")
-        self.compiled = compile_onnx(path, threads, self.float_type, cache)
+        self.compiled = (compile_model_proto(path, threads, self.float_type) if in_memory
+                         else compile_onnx(path, threads, self.float_type, cache))
         self.config = compile_config(threads, self.float_type)
         inp = self.compiled.inputs[0]
         shape = inp.get_partial_shape()
