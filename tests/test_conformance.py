@@ -154,10 +154,12 @@ def test_build_engine_sh_writes_only_options_of_that_version(made: Any, tmp_path
 
 
 def test_dla_lines_only_where_dla_exists() -> None:
-    from vitdeploy.runners.tensorrt.versions import finish_commands, make_profile
+    from vitdeploy.runners.tensorrt.builder import BuildSpec
+    from vitdeploy.runners.tensorrt.commands import finish_commands
+    from vitdeploy.runners.tensorrt.versions import make_profile
 
-    lines = finish_commands(Path("m.fp16.onnx"), Path("m.engine"), "x", [-1, 3, 32, 32], make_profile(1, 8, 32, 0),
-                            "fp16", dla_core=0)
+    lines = finish_commands(BuildSpec(Path("m.fp16.onnx"), Path("m.engine"), "x", [-1, 3, 32, 32],
+                                      make_profile(1, 8, 32, 0), "fp16", dla_core=0))
     rep = cf.check_dla_lines(lines)
     assert rep.ok and rep.checked == 3
 

@@ -22,11 +22,12 @@ from vitdeploy.core.artifact import read_manifest
 from vitdeploy.core.errors import EXIT_PARTIAL, EXIT_USAGE, UsageError, VitdeployError
 from vitdeploy.core.manifest import Manifest, set_onnx_manifest, sidecar_path
 from vitdeploy.core.preprocess import Preprocess
+from vitdeploy.runners.tensorrt.builder import BuildSpec, sidecar_manifest
+from vitdeploy.runners.tensorrt.commands import finish_commands, trtexec_command, vitdeploy_command
 from vitdeploy.runners.tensorrt.versions import (
     Profile,
     compatibility_problem,
     engine_record,
-    finish_commands,
     make_profile,
     network_plan,
     parse_version,
@@ -34,8 +35,6 @@ from vitdeploy.runners.tensorrt.versions import (
     read_record,
     record_profile,
     require_compatible,
-    trtexec_command,
-    vitdeploy_command,
 )
 
 runner = CliRunner()
@@ -215,8 +214,6 @@ def _record(trt: str = "10.3.0.30", cc: tuple[int, int] = (8, 7), vc: bool = Fal
 
 
 def test_sidecar_round_trip_and_read_manifest(tmp_path: Path) -> None:
-    from vitdeploy.stages.engine import sidecar_manifest
-
     m = small_manifest("int8")
     m.source = {"checkpoint": "ckpt.pth", "sha256": "cd" * 32}
     side = sidecar_manifest(m, _record(), Path("model.int8.onnx"))
@@ -276,9 +273,10 @@ def test_incompatible_engine_error_says_what_and_how_to_rebuild() -> None:
 
 
 def test_trtexec_lines_per_version() -> None:
-    args = (Path("model.int8.onnx"), Path("model.int8.engine"), "pixel_values", [-1, 3, 224, 224], Profile(1, 8, 32), "int8")
-    new = trtexec_command(*args, trt_version="10.0")
-    old = trtexec_command(*args, trt_version="8.5")
+    spec = BuildSpec(Path("model.int8.onnx"), Path("model.int8.engine"), "pixel_values", [-1, 3, 224, 224],
+                     Profile(1, 8, 32), "int8")
+    new = trtexec_command(spec, trt_version="10.0")
+    old = trtexec_command(spec, trt_version="8.5")
     for line in (new, old):
         assert "--onnx=model.int8.onnx" in line and "--saveEngine=model.int8.engine" in line
         assert "--minShapes=pixel_values:1x3x224x224" in line
@@ -290,9 +288,9 @@ def test_trtexec_lines_per_version() -> None:
 
 
 def test_trtexec_dla_workspace_cache_and_odd_names() -> None:
-    line = trtexec_command(Path("my models/m.fp16.onnx"), Path("m.fp16.engine"), "input:0", [-1, 3, 32, 32],
-                           make_profile(1, 4, 32, dla_core=1), "fp16", "10.3", workspace=1.5,
-                           timing_cache=Path("t.cache"), dla_core=1)
+    line = trtexec_command(BuildSpec(Path("my models/m.fp16.onnx"), Path("m.fp16.engine"), "input:0", [-1, 3, 32, 32],
+                                     make_profile(1, 4, 32, dla_core=1), "fp16", workspace=1.5,
+                                     timing_cache=Path("t.cache"), dla_core=1), "10.3")
     argv = shlex.split(line)
     assert "--onnx=my models/m.fp16.onnx" in argv
     assert "--minShapes=input:0:4x3x32x32" in argv and "--maxShapes=input:0:4x3x32x32" in argv
@@ -301,17 +299,17 @@ def test_trtexec_dla_workspace_cache_and_odd_names() -> None:
 
 
 def test_vitdeploy_line_builds_the_artifact_as_is() -> None:
-    line = vitdeploy_command(Path("model.int8.onnx"), Path("model.int8.engine"), Profile(2, 8, 16), workspace=2,
-                             version_compatible=True)
+    line = vitdeploy_command(BuildSpec(Path("model.int8.onnx"), Path("model.int8.engine"), "pixel_values",
+                                       [-1, 3, 32, 32], Profile(2, 8, 16), "int8", workspace=2, version_compatible=True))
     assert shlex.split(line) == ["vitdeploy", "build-engine", "model.int8.onnx", "--min-batch", "2", "--opt-batch", "8",
                                  "--max-batch", "16", "--workspace", "2", "--version-compatible", "-o",
                                  "model.int8.engine"]
-    cmds = finish_commands(Path("model.fp16.onnx"), Path("model.fp16.engine"), "pixel_values", [-1, 3, 32, 32],
-                           Profile(1, 8, 32), "fp16")
+    cmds = finish_commands(BuildSpec(Path("model.fp16.onnx"), Path("model.fp16.engine"), "pixel_values",
+                                     [-1, 3, 32, 32], Profile(1, 8, 32), "fp16"))
     assert len(cmds) == 3 and cmds[0].startswith("vitdeploy build-engine model.fp16.onnx")
     assert "TensorRT 10+" in cmds[1] and "TensorRT 8.5/8.6" in cmds[2]
-    dla = finish_commands(Path("model.fp16.onnx"), Path("model.fp16.engine"), "pixel_values", [-1, 3, 32, 32],
-                          make_profile(1, 8, 32, dla_core=0), "fp16", dla_core=0)
+    dla = finish_commands(BuildSpec(Path("model.fp16.onnx"), Path("model.fp16.engine"), "pixel_values",
+                                    [-1, 3, 32, 32], make_profile(1, 8, 32, dla_core=0), "fp16", dla_core=0))
     # DLA lines only for versions with DLA (NVIDIA: 10.7 the last 10.x with it; 11.0-11.3 none; 11.4.1+ JetPack 7.2.2+)
     assert [c.split(":")[0] for c in dla[1:]] == ["# or, TensorRT 11.4.1+ (JetPack 7.2.2+)", "# or, TensorRT 10.0-10.7",
                                                   "# or, TensorRT 8.5/8.6"]
@@ -331,18 +329,18 @@ def test_opset_limit_of_every_version(version: str, limit: int) -> None:
 
 
 def test_opset_note_in_the_finishing_lines() -> None:
-    cmds = finish_commands(Path("m.int8.onnx"), Path("m.int8.engine"), "pixel_values", [-1, 3, 32, 32],
-                           Profile(1, 8, 32), "int8", opset=19)
+    cmds = finish_commands(BuildSpec(Path("m.int8.onnx"), Path("m.int8.engine"), "pixel_values", [-1, 3, 32, 32],
+                                     Profile(1, 8, 32), "int8"), opset=19)
     assert cmds[-1].startswith("# note: m.int8.onnx is ONNX opset 19: TensorRT 8.5/8.6 reads opsets up to 17")
-    assert len(finish_commands(Path("m.onnx"), Path("m.engine"), "x", [-1, 3, 8, 8], Profile(1, 1, 1), "fp32",
-                               opset=17)) == 3
+    assert len(finish_commands(BuildSpec(Path("m.onnx"), Path("m.engine"), "x", [-1, 3, 8, 8], Profile(1, 1, 1),
+                                         "fp32"), opset=17)) == 3
 
 
 # ---------------------------------------------------------------- no TensorRT here: exit 3, honest and exact
 
 
 def _no_tensorrt_here() -> str | None:
-    from vitdeploy.stages.engine import probe
+    from vitdeploy.runners.tensorrt.probe import probe
 
     return probe().missing
 
@@ -447,7 +445,7 @@ def test_precision_artifact_written_then_exit_3(flags: list[str], artifact: str,
 
 def test_import_tensorrt_sees_through_a_stub_only_namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """tensorrt-stubs installs a folder `tensorrt/` with only .pyi: it imports as an empty namespace package."""
-    from vitdeploy.runners.tensorrt.versions import import_tensorrt
+    from vitdeploy.runners.tensorrt.probe import import_tensorrt
 
     (tmp_path / "tensorrt").mkdir()
     (tmp_path / "tensorrt" / "__init__.pyi").write_text("class Builder: ...\n")
@@ -459,8 +457,7 @@ def test_import_tensorrt_sees_through_a_stub_only_namespace(tmp_path: Path, monk
 
 def test_open_runner_on_an_engine_without_tensorrt_is_one_clear_line(tmp_path: Path) -> None:
     from vitdeploy.runners import open_runner
-    from vitdeploy.runners.tensorrt.versions import import_tensorrt
-    from vitdeploy.stages.engine import sidecar_manifest
+    from vitdeploy.runners.tensorrt.probe import import_tensorrt
 
     engine = tmp_path / "model.int8.engine"
     engine.write_bytes(b"\x00" * 64)
@@ -521,6 +518,7 @@ def test_engine_modules_do_not_import_torch() -> None:
     import subprocess
 
     code = ("import sys; import vitdeploy.stages.engine, vitdeploy.runners.tensorrt.runner, vitdeploy.runners.tensorrt.cuda, vitdeploy.runners.tensorrt.versions, "
+            "vitdeploy.runners.tensorrt.builder, vitdeploy.runners.tensorrt.commands, vitdeploy.runners.tensorrt.probe, "
             "vitdeploy.cli.engine; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -259,7 +259,7 @@ def _dla(row: str) -> bool:
     return trt_table.value(row, "dla") is True or (row == "11.x")  # 11.4.1+ (JetPack 7.2.2+) has DLA again
 
 
-# Every TensorRT name the builder (stages/engine.py), the runner (runners/tensorrt/runner.py) and the bundle's run.py
+# Every TensorRT name the builder (runners/tensorrt/builder.py), the runner (runners/tensorrt/runner.py) and the bundle's run.py
 # touch, with the rows on which the code path that touches it runs. tests/test_conformance.py scans those files and
 # fails when a name is used that this list does not declare. BuilderFlag / NetworkDefinitionCreationFlag members are
 # not listed: they come from versions.network_plan per row (see plan_names).
@@ -400,8 +400,10 @@ def check_trtexec_flags(flags: Iterable[str], row: str, where: str = "trtexec li
 
 
 def printed_trtexec_lines(row: str) -> dict[str, str]:
-    """The trtexec lines versions.trtexec_command prints for this row (every precision, DLA where it exists)."""
-    from vitdeploy.runners.tensorrt.versions import Profile, make_profile, trtexec_command
+    """The trtexec lines commands.trtexec_command prints for this row (every precision, DLA where it exists)."""
+    from vitdeploy.runners.tensorrt.builder import BuildSpec
+    from vitdeploy.runners.tensorrt.commands import trtexec_command
+    from vitdeploy.runners.tensorrt.versions import Profile, make_profile
 
     out: dict[str, str] = {}
     for v in _representative_versions(row):
@@ -414,9 +416,9 @@ def printed_trtexec_lines(row: str) -> dict[str, str]:
                     if vc and trt_table.value(row, "version_compatible") is not True:
                         continue
                     key = f"{v} {precision}{' dla' if dla is not None else ''}{' vc' if vc else ''}"
-                    out[key] = trtexec_command(Path("m.onnx"), Path("m.engine"), "x", [-1, 3, 32, 32], prof, precision,
-                                               v, workspace=1.0, timing_cache=Path("t.cache"), dla_core=dla,
-                                               version_compatible=vc)
+                    spec = BuildSpec(Path("m.onnx"), Path("m.engine"), "x", [-1, 3, 32, 32], prof, precision,
+                                     workspace=1.0, timing_cache=Path("t.cache"), dla_core=dla, version_compatible=vc)
+                    out[key] = trtexec_command(spec, v)
     return out
 
 

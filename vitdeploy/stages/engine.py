@@ -10,34 +10,27 @@ TensorRT or a GPU is missing, the precision artifact is still written and ``Engi
 
 from __future__ import annotations
 
-import datetime as _dt
 import importlib
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vitdeploy.core.artifact import manifest_from_onnx
+from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import PartlyDone, UsageError, VitdeployError
-from vitdeploy.core.fileio import atomic_path, sha256_file
-from vitdeploy.core.manifest import Manifest, sidecar_path, tool_versions
+from vitdeploy.core.manifest import Manifest
 from vitdeploy.core.targets import CPU_TARGETS, target_facts, target_of_version
+from vitdeploy.runners.tensorrt.builder import BuildSpec, Event, compile_engine, dla_cores
+from vitdeploy.runners.tensorrt.commands import finish_commands
+from vitdeploy.runners.tensorrt.probe import TensorRTEnv as TensorRTEnv  # re-exported: older imports name it here
+from vitdeploy.runners.tensorrt.probe import probe
 from vitdeploy.runners.tensorrt.versions import (
     ArtifactPlan,
-    NetworkPlan,
-    Profile,
     base_stem,
-    engine_record,
-    finish_commands,
-    import_tensorrt,
     make_profile,
     network_plan,
     opset_problem,
     plan_artifact,
 )
-
-Event = Callable[[str, dict[str, Any]], None]
 
 
 @dataclass
@@ -80,82 +73,6 @@ class EngineNotBuilt(PartlyDone):
         super().__init__(f"{missing}: {artifact} is ready; build the engine on the target with: {commands[0]}")
 
 
-# ---------------------------------------------------------------- what is here
-
-
-@dataclass
-class TensorRTEnv:
-    """TensorRT and the GPU as found here; ``missing`` names what is not (None: everything is)."""
-
-    trt: Any = None
-    version: str | None = None
-    gpu: str | None = None
-    compute_capability: tuple[int, int] | None = None
-    cuda_runtime: str | None = None
-    missing: str | None = field(default=None)
-
-
-def probe(device: int = 0) -> TensorRTEnv:
-    from vitdeploy.runners.tensorrt.cuda import gpu_info
-
-    trt = import_tensorrt()
-    env = TensorRTEnv()
-    if isinstance(trt, str):
-        env.missing = trt
-    else:
-        env.trt, env.version = trt, str(trt.__version__)
-    info = gpu_info(device)
-    if isinstance(info, str):
-        env.missing = f"{env.missing}, and {info}" if env.missing else info
-    else:
-        env.gpu, env.compute_capability, env.cuda_runtime = info
-    return env
-
-
-# ---------------------------------------------------------------- the ONNX input
-
-
-@dataclass
-class OnnxFacts:
-    """What build-engine needs of an ONNX file, from one read: the graph (weights included unless stored as
-    external data), its manifest, opset and image input."""
-
-    path: Path
-    model: Any
-    manifest: Manifest
-    opset: int
-    input_name: str
-    dims: list[int]  # -1 for the symbolic batch; a symbolic H, W is the manifest's size
-
-
-def read_onnx_facts(path: Path) -> OnnxFacts:
-    """Read ``path`` once (external data left on disk) and take everything build-engine asks of it."""
-    import onnx
-
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as e:
-        raise VitdeployError(f"{path}: not a readable ONNX model ({type(e).__name__}); re-export it") from None
-    return onnx_facts(model, path)
-
-
-def onnx_facts(model: Any, path: Path) -> OnnxFacts:
-    """The facts of a graph already in memory (``path`` names it in errors)."""
-    from vitdeploy.graph.edit import opset
-
-    manifest = manifest_from_onnx(model, path)
-    inits = {i.name for i in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in inits]
-    if len(inputs) != 1:
-        raise VitdeployError(f"{path}: expected one image input, found {len(inputs)}; re-export it with `vitdeploy export`")
-    inp = inputs[0]
-    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in inp.type.tensor_type.shape.dim]
-    if len(dims) == 4 and dims[1] in (-1, 3) and -1 in dims[2:]:  # symbolic H, W: the manifest's size
-        h, w = manifest.input_size
-        dims = [dims[0], 3, h, w]
-    return OnnxFacts(path, model, manifest, opset(model), inp.name, dims)
-
-
 # ---------------------------------------------------------------- the command
 
 
@@ -182,7 +99,7 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
             target_facts(o.target)
         except ValueError as e:
             raise UsageError(f"--target: {e}") from None
-    source = read_onnx_facts(model)  # the one read of the source: manifest, opset and input come from it
+    source = OnnxArtifact.open(model)  # the one read of the source: manifest, opset and input come from it
     manifest = source.manifest
     plan = plan_artifact(model, manifest.precision, o.fp16, o.int8, o.out, o.dla_core)
     if plan.make is not None and plan.artifact.exists():
@@ -197,7 +114,7 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
     if env.missing is None:  # refuse what this device cannot do before any calibration or build starts
         network_plan(env.version or "0", plan.precision, o.dla_core is not None, o.version_compatible)
         if o.dla_core is not None:
-            n = int(env.trt.Builder(_logger(env.trt)).num_DLA_cores)
+            n = dla_cores(env)
             if o.dla_core >= n:
                 raise UsageError(
                     f"--dla-core {o.dla_core}: this device has {n} DLA core{'s' if n != 1 else ''}"
@@ -219,20 +136,22 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
         if problem:
             raise VitdeployError(f"{plan.artifact}: {problem}")
     made, art = make_artifact(plan, source, Path(o.calib), emit, target)
+    build = BuildSpec(plan.artifact, plan.engine, art.input.name, list(art.input.dims), profile, plan.precision,
+                      o.workspace, o.timing_cache, o.dla_core, o.version_compatible)
     if env.missing is not None:
-        cmds = finish_commands(plan.artifact, plan.engine, art.input_name, art.dims, profile, plan.precision,
-                               o.workspace, o.timing_cache, o.dla_core, o.version_compatible, art.opset)
-        raise EngineNotBuilt(plan.artifact, made, env.missing, cmds)
+        raise EngineNotBuilt(plan.artifact, made, env.missing, finish_commands(build, art.opset))
     problem = opset_problem(art.opset, env.version or "0")
     if problem:
         raise VitdeployError(f"{plan.artifact} is written, but {problem}")
-    return compile_engine(plan, art, env, profile, o, emit, made)
+    notes = {"artifact_check": made["check"]} if made and made.get("check") else None  # against FP32, under ORT
+    built = compile_engine(build, env, art.manifest, art.model, emit, notes)
+    return BuildResult(built.engine, built.sidecar, plan.artifact, built.record, made)
 
 
 def kept_guard(artifact: Path) -> None:
     """Refuse to replace an INT8 artifact that `calibrate` checked with the accuracy guard by an unguarded one."""
     try:
-        guard = read_onnx_facts(artifact).manifest.extra.get("guard")
+        guard = OnnxArtifact.open_manifest(artifact).extra.get("guard")
     except VitdeployError:
         return  # not a vitdeploy model: replaced as any stale output
     if guard:
@@ -242,8 +161,8 @@ def kept_guard(artifact: Path) -> None:
         )
 
 
-def make_artifact(plan: ArtifactPlan, source: OnnxFacts, calib: Path, emit: Event,
-                  target: str | None = None) -> tuple[dict[str, Any] | None, OnnxFacts]:
+def make_artifact(plan: ArtifactPlan, source: OnnxArtifact, calib: Path, emit: Event,
+                  target: str | None = None) -> tuple[dict[str, Any] | None, OnnxArtifact]:
     """Write the FP16 or INT8 ONNX the engine is built from (vitdeploy.stages.precision), then check it against its source.
 
     ``source`` is the model as build-engine read it: the precision step works on that graph (the file is not
@@ -261,14 +180,13 @@ def make_artifact(plan: ArtifactPlan, source: OnnxFacts, calib: Path, emit: Even
     made: dict[str, Any] = {"kind": plan.make, "path": str(plan.artifact), "skipped": [], "warnings": []}
     source_manifest = source.manifest  # read before the precision step changes the graph in place
     if plan.make == "int8":  # FP16 for the unquantized parts; for trt10/trt11 with float16 scales (the target's)
-        res = precision.calibrate(plan.source, calib, plan.artifact, float_type="fp16",
-                                  progress=lambda kind, d: emit(kind, d), target=target, loaded=source.model)
+        res = precision.calibrate(source, calib, plan.artifact, float_type="fp16",
+                                  progress=lambda kind, d: emit(kind, d), target=target)
         made["skipped"] = [(str(p), why) for p, why in res.skipped]
         made["warnings"] = list(res.warnings)
-        written = res.model
+        art = res.artifact
     else:
-        written = precision.fp16_artifact(plan.source, plan.artifact, target=target, loaded=source.model).model
-    art = onnx_facts(written, plan.artifact)
+        art = precision.fp16_artifact(source, plan.artifact, target=target)
     emit("check", {"path": str(plan.artifact)})
     made["check"] = compare_artifacts(plan.source, plan.artifact, calib, source_manifest, art.manifest)
     emit("artifact-done", made)
@@ -308,120 +226,6 @@ def compare_artifacts(reference: Path, candidate: Path, images: Path, ref_manife
     }
 
 
-def _logger(trt: Any) -> Any:
-    return trt.Logger(trt.Logger.WARNING)
-
-
-def compile_engine(plan: ArtifactPlan, art: OnnxFacts, env: TensorRTEnv, profile: Profile, o: BuildOptions,
-                   emit: Event, made: dict[str, Any] | None = None) -> BuildResult:
-    """Parse the artifact, build one plan, write it and its sidecar atomically (and the timing cache)."""
-    import tensorrt as trt
-
-    input_name, dims = art.input_name, art.dims
-    version = str(trt.__version__)
-    nplan = network_plan(version, plan.precision, o.dla_core is not None, o.version_compatible)
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    network = builder.create_network(network_flags(trt, nplan))
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(plan.artifact)):
-        errors = [str(parser.get_error(i).desc()) for i in range(parser.num_errors)]
-        raise VitdeployError(
-            f"{plan.artifact}: TensorRT {version} cannot parse it: {'; '.join(errors)[:300] or 'no reason given'}"
-            " (TensorRT 8.5/8.6 read ONNX opsets up to 17: re-export with --opset 17)"
-        )
-    config = builder.create_builder_config()
-    if o.workspace is not None:
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(o.workspace * (1 << 30)))
-    for flag in nplan.builder_flags:
-        config.set_flag(getattr(trt.BuilderFlag, flag))
-    if "OBEY_PRECISION_CONSTRAINTS" in nplan.builder_flags:
-        pinned = pin_float32_layers(trt, network, art.model)
-        emit("pinned", {"layers": pinned})
-    if o.dla_core is not None:
-        config.default_device_type = trt.DeviceType.DLA
-        config.DLA_core = int(o.dla_core)
-    mn, op, mx = profile.shapes(dims)
-    prof = builder.create_optimization_profile()
-    prof.set_shape(input_name, trt.Dims(list(mn)), trt.Dims(list(op)), trt.Dims(list(mx)))
-    if config.add_optimization_profile(prof) < 0:
-        raise VitdeployError(f"TensorRT refused the batch profile {mn} / {op} / {mx} for input {input_name!r}")
-    cache = None
-    if o.timing_cache is not None:
-        cache = use_timing_cache(config, Path(o.timing_cache), emit)
-
-    emit("build", {"engine": str(plan.engine), "tensorrt": version})
-    t0 = time.perf_counter()
-    serialized = builder.build_serialized_network(network, config)
-    seconds = time.perf_counter() - t0
-    if serialized is None:
-        raise VitdeployError(f"TensorRT {version} could not build {plan.artifact}: see its messages above")
-
-    options = {
-        "min_batch": profile.min, "opt_batch": profile.opt, "max_batch": profile.max,
-        "workspace_gib": o.workspace, "timing_cache": str(o.timing_cache) if o.timing_cache else None,
-        "dla_core": o.dla_core, "version_compatible": o.version_compatible,
-    }
-    record = engine_record(
-        trt_version=version, gpu_name=env.gpu or "?", compute_capability=env.compute_capability or (0, 0),
-        profile=profile, input_name=input_name, input_dims=dims, plan=nplan, options=options,
-        build_seconds=seconds, source=plan.artifact, source_sha256=sha256_file(plan.artifact),
-        cuda_runtime=env.cuda_runtime,
-    )
-    record["built_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    if made and made.get("check"):
-        record["artifact_check"] = made["check"]  # the artifact against FP32 under ONNX Runtime, before the build
-    side = sidecar_manifest(art.manifest, record, plan.artifact)
-    sidecar = sidecar_path(plan.engine)
-    with atomic_path(plan.engine) as tmp_engine, atomic_path(sidecar) as tmp_side:
-        with open(tmp_engine, "wb") as f:
-            f.write(memoryview(serialized))
-        tmp_side.write_text(side.to_json(indent=2) + "\n")
-    if cache is not None and o.timing_cache is not None:
-        timing = config.get_timing_cache()
-        with atomic_path(o.timing_cache) as tmp_cache, open(tmp_cache, "wb") as f:
-            f.write(memoryview(timing.serialize()))
-    emit("built", {"engine": str(plan.engine), "seconds": seconds})
-    return BuildResult(plan.engine, sidecar, plan.artifact, record, made)
-
-
-def pin_float32_layers(trt: Any, network: Any, model: Any) -> int:
-    """On a weakly typed (8.x) FP16/INT8 build, make the graph's float32 islands binding: every Softmax and reduction
-    layer and every layer of a LayerNorm (one op, or spelled out for 8.5) computes and outputs FP32 (with
-    OBEY_PRECISION_CONSTRAINTS set). Layers are matched to ONNX nodes by name, as onnx-tensorrt names them.
-    ``model`` is the artifact's graph (onnx.ModelProto). Returns how many layers were pinned."""
-    from vitdeploy.graph.fp16 import fp32_islands
-
-    names = set(fp32_islands(model))
-    kinds = (trt.LayerType.SOFTMAX, trt.LayerType.REDUCE)
-    pinned = 0
-    for i in range(network.num_layers):
-        layer = network.get_layer(i)
-        if layer.type in kinds or layer.name in names:  # not the Casts named after them (they change the type)
-            layer.precision = trt.float32
-            for k in range(layer.num_outputs):
-                layer.set_output_type(k, trt.float32)
-            pinned += 1
-    return pinned
-
-
-def use_timing_cache(config: Any, path: Path, emit: Event) -> Any:
-    """Read the timing cache into the builder; one from another device or TensorRT (None, or refused) is
-    replaced by an empty one, and the build says so. Returns the cache in use (None: building without one)."""
-    data = path.read_bytes() if path.exists() else b""
-    cache = config.create_timing_cache(data)
-    if cache is not None and config.set_timing_cache(cache, False):
-        return cache
-    if data:
-        emit("warning", {"message": f"{path}: timing cache from another device or TensorRT version; building without "
-                                    "it and writing a fresh one"})
-    cache = config.create_timing_cache(b"")
-    if cache is None or not config.set_timing_cache(cache, False):
-        emit("warning", {"message": f"{path}: TensorRT could not make a timing cache; building without one"})
-        return None
-    return cache
-
-
 def remake_command(model: Path, manifest: Manifest, target: str) -> str:
     """The command that re-makes ``model`` for ``target`` (export for FP32, convert-fp16 / calibrate for the others)."""
     fp32 = model.parent / f"{base_stem(model)}.onnx"
@@ -445,22 +249,3 @@ def target_mismatch(model: Path, manifest: Manifest, trt_version: str) -> None:
             f"{model} was made for {made_for}, this is TensorRT {trt_version} ({here}): re-make it with "
             f"`{remake_command(model, manifest, here)}`"
         )
-
-
-def network_flags(trt: Any, nplan: NetworkPlan) -> int:
-    """create_network's flag bits; EXPLICIT_BATCH only where it exists and is needed (8.x, 9.x)."""
-    flags = 0
-    if nplan.explicit_batch:
-        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
-    if nplan.strongly_typed:
-        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-    return flags
-
-
-def sidecar_manifest(manifest: Manifest, record: dict[str, Any], artifact: Path) -> Manifest:
-    """The artifact's manifest for the engine: same model, labels, preprocessing and precision, plus the build."""
-    source = {"artifact": artifact.name, "sha256": record["source_sha256"], "kind": "onnx", "parent": manifest.source}
-    versions = dict(manifest.versions)
-    versions.update(tool_versions("onnx"))
-    versions["tensorrt"] = record["tensorrt"]
-    return manifest.derive(source=source, versions=versions, engine=record)

@@ -1,5 +1,5 @@
 """Everything about engines that needs no TensorRT: profiles, artifact choice, build plans per version,
-the sidecar record, the compatibility decision and the commands that finish a build on the target.
+the sidecar record and the compatibility decision (the printed build commands are in ``commands.py``).
 
 What each TensorRT line can do (max opset, LayerNormalization, float16 scales, strong typing, precision
 flags, DLA, trtexec's flags, the Python names) is ONE table, ``vitdeploy.core.trt_table`` over
@@ -7,19 +7,19 @@ flags, DLA, trtexec's flags, the Python names) is ONE table, ``vitdeploy.core.tr
 here read it rather than repeat it.
 
 Kept free of tensorrt (and of torch) so that it is unit-tested on any CPU and imported on a Jetson
-before TensorRT is touched. ``engine.py`` and ``runners/tensorrt.py`` are thin layers over it.
+before TensorRT is touched. ``builder.py``, ``runner.py`` and ``stages/engine.py`` are thin layers over it.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vitdeploy.core import trt_table
 from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.runners.tensorrt.probe import import_tensorrt as import_tensorrt  # runner.py imports it here
 
 PRECISIONS = ("fp32", "fp16", "int8")
 PRECISION_SUFFIXES = tuple(f".{p}" for p in PRECISIONS)
@@ -313,100 +313,3 @@ def require_compatible(engine: Path | str, rec: dict[str, Any], trt_version: str
             f"{engine}: {problem}. Engines are tied to the TensorRT version and the GPU: "
             f"rebuild it on this device with `vitdeploy build-engine {src}`"
         )
-
-
-# ---------------------------------------------------------------- finishing the job on the target
-
-
-def _shape(s: tuple[int, ...]) -> str:
-    return "x".join(map(str, s))
-
-
-def _q(p: Path | str) -> str:
-    return shlex.quote(str(p))
-
-
-def vitdeploy_command(artifact: Path, engine: Path, profile: Profile, workspace: float | None = None,
-                      timing_cache: Path | None = None, dla_core: int | None = None,
-                      version_compatible: bool = False) -> str:
-    """The `vitdeploy build-engine` line that builds ``artifact`` as is (its precision is in the graph)."""
-    parts = ["vitdeploy", "build-engine", _q(artifact)]
-    if dla_core is not None:
-        parts += ["--opt-batch", str(profile.opt), "--dla-core", str(dla_core)]
-    else:
-        parts += ["--min-batch", str(profile.min), "--opt-batch", str(profile.opt), "--max-batch", str(profile.max)]
-    if workspace is not None:
-        parts += ["--workspace", f"{workspace:g}"]
-    if timing_cache is not None:
-        parts += ["--timing-cache", _q(timing_cache)]
-    if version_compatible:
-        parts.append("--version-compatible")
-    parts += ["-o", _q(engine)]
-    return " ".join(parts)
-
-
-def trtexec_command(artifact: Path, engine: Path, input_name: str, input_dims: tuple[int, ...] | list[int],
-                    profile: Profile, precision: str, trt_version: str, workspace: float | None = None,
-                    timing_cache: Path | None = None, dla_core: int | None = None,
-                    version_compatible: bool = False) -> str:
-    """The equivalent trtexec line for a given TensorRT version (trtexec writes no sidecar)."""
-    plan = network_plan(trt_version, precision, dla=dla_core is not None, version_compatible=version_compatible)
-    mn, op, mx = profile.shapes(input_dims)
-    parts = ["trtexec", f"--onnx={_q(artifact)}"]
-    parts += [_q(f"--{k}Shapes={input_name}:{_shape(s)}") for k, s in (("min", mn), ("opt", op), ("max", mx))]
-    if plan.strongly_typed:
-        parts.append("--stronglyTyped")
-    flag_opts = {"FP16": "--fp16", "INT8": "--int8", "VERSION_COMPATIBLE": "--versionCompatible"}
-    parts += [flag_opts[f] for f in plan.builder_flags if f in flag_opts]
-    if dla_core is not None:
-        parts += [f"--useDLACore={dla_core}", "--allowGPUFallback"]
-    if workspace is not None:
-        parts.append(f"--memPoolSize=workspace:{round(workspace * 1024)}")  # MiB, understood by 8.5 … 11
-    if timing_cache is not None:
-        parts.append(f"--timingCacheFile={_q(timing_cache)}")
-    parts.append(f"--saveEngine={_q(engine)}")
-    build_only = trt_table.value(trt_table.row_of(parse_version(trt_version)), "trtexec_build_only")
-    if build_only in ("--buildOnly", "--skipInference"):  # 8.5 knows only --buildOnly, 8.6+ --skipInference
-        parts.append(build_only)
-    return " ".join(parts)
-
-
-def finish_commands(artifact: Path, engine: Path, input_name: str, input_dims: tuple[int, ...] | list[int],
-                    profile: Profile, precision: str, workspace: float | None = None, timing_cache: Path | None = None,
-                    dla_core: int | None = None, version_compatible: bool = False,
-                    opset: int | None = None) -> list[str]:
-    """The lines that finish the job on the target: vitdeploy (writes the sidecar), then trtexec per TensorRT version."""
-    kw: dict[str, Any] = {"workspace": workspace, "timing_cache": timing_cache, "dla_core": dla_core,
-                          "version_compatible": version_compatible}
-    lines = [vitdeploy_command(artifact, engine, profile, **kw)]
-    variants: list[tuple[str, str]]
-    if dla_core is None:
-        variants = [("TensorRT 10+", "10.0")]
-    else:  # DLA only where it exists: 8.5/8.6 (JetPack 5/6.0), 10.0-10.7 (JetPack 6), 11.4.1+ (JetPack 7.2.2+)
-        variants = [("TensorRT 11.4.1+ (JetPack 7.2.2+)", "11.4.1"), ("TensorRT 10.0-10.7", "10.0")]
-    variants.append(("TensorRT 8.6", "8.6") if version_compatible else ("TensorRT 8.5/8.6", "8.5"))
-    for label, version in variants:
-        cmd = trtexec_command(artifact, engine, input_name, input_dims, profile, precision, version, **kw)
-        lines.append(f"# or, {label}:  {cmd}")
-    if opset is not None:
-        for label, version in variants:
-            problem = opset_problem(opset, version)
-            if problem:
-                lines.append(f"# note: {artifact} is ONNX opset {opset}: {label} reads opsets up to "
-                             f"{max_opset(version)} and cannot build it (`vitdeploy export --target "
-                             f"{target_hint(version)}` makes one it can)")
-    return lines
-
-
-def import_tensorrt() -> Any:
-    """The tensorrt module, or a one-line reason (str) why it cannot be used here."""
-    try:
-        import tensorrt as trt
-    except ImportError:
-        return "TensorRT is not installed (no Python module `tensorrt`)"
-    except Exception as e:  # noqa: BLE001 - e.g. the wheel without libnvinfer: OSError
-        return f"TensorRT cannot be loaded ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
-    # A folder named tensorrt with only type stubs (tensorrt-stubs) imports as an empty namespace package.
-    if not hasattr(trt, "Builder") or not hasattr(trt, "__version__"):
-        return "TensorRT is not installed (the `tensorrt` module here has no bindings: type stubs only)"
-    return trt
