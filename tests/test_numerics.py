@@ -163,3 +163,25 @@ def test_cli_writes_strict_json_and_refuses_bad_input_in_one_line(models: dict[s
         assert words in res.output and "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
     with pytest.raises(UsageError):
         numerics(models["model"], CALIB, num_images=0)
+
+
+def test_an_exporters_pow_form_of_layernorm_is_watched_and_other_squares_are_not() -> None:
+    """HF/onnxsim graphs spell LayerNorm as Pow(x − ReduceMean(x), 2) (onnxsim/onnxsim#1742); a square of
+    anything else (a GELU approximation's x·x) is not a LayerNorm's."""
+    from onnx import TensorProto, helper
+
+    from vitdeploy.checks.numerics import probes
+
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mean"], axes=[-1]),
+        helper.make_node("Sub", ["x", "mean"], ["centred"]),
+        helper.make_node("Pow", ["centred", "two"], ["sq"]),
+        helper.make_node("Mul", ["x", "x"], ["x2"]),
+        helper.make_node("Add", ["sq", "x2"], ["y"]),
+    ]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [two])
+    found = {(p.tensor, p.role) for p in probes(helper.make_model(g))}
+    assert ("sq", "layernorm_square") in found and ("x", "layernorm_input") in found
+    assert not any(t == "x2" for t, _ in found)

@@ -131,6 +131,15 @@ def _is_square(n: Any, consts: dict[str, np.ndarray]) -> bool:
     return False
 
 
+def _is_centred(t: str, producers: dict[str, Any]) -> bool:
+    """``t`` is Sub(x, ReduceMean(x)): the centred input a spelled-out LayerNorm squares."""
+    sub = producers.get(t)
+    if sub is None or sub.op_type != "Sub" or len(sub.input) != 2:
+        return False
+    mean = producers.get(sub.input[1])
+    return mean is not None and mean.op_type == "ReduceMean" and mean.input[0] == sub.input[0]
+
+
 def probes(model: Any) -> list[Probe]:
     """Every tensor the report watches, in graph order (a tensor may have several roles)."""
     from onnx import helper
@@ -147,11 +156,11 @@ def probes(model: Any) -> list[Probe]:
             out.append(Probe(n.input[0], "layernorm_input", n.name))
             # the square TensorRT 8.5's spelled-out form computes: (x - mean)², mean over axis..last
             out.append(Probe(n.input[0], "layernorm_square", n.name, axes=(axis,)))
-        elif _is_square(n, consts):
+        elif _is_square(n, consts) and _is_centred(n.input[0], producers):
+            # a spelled-out LayerNorm (TensorRT 8.5's form, or an exporter's): (x - ReduceMean(x))², then x
             out.append(Probe(n.output[0], "layernorm_square", n.name))
-            src = producers.get(n.input[0])
-            if src is not None and src.op_type == "Sub":  # x - mean: x is the spelled-out LayerNorm's input
-                out.append(Probe(src.input[0], "layernorm_input", src.name))
+            sub = producers[n.input[0]]
+            out.append(Probe(sub.input[0], "layernorm_input", sub.name))
         elif n.op_type == "Add" and len(n.input) == 2 and not any(i in consts for i in n.input):
             out.append(Probe(n.output[0], "residual_add", n.name))
         elif n.op_type == "Softmax":
