@@ -16,8 +16,9 @@ The rules it follows, each with its source:
    channel; zero points 0) is lowered to ``MatMulInteger`` / ``ConvInteger`` on the int8 tensors, ``Cast`` to
    float32, ``Mul`` by the product of the two scales, and ``Cast`` to the DequantizeLinear's output type.
    A DequantizeLinear that feeds anything else is computed as ONNX defines it (q · scale in the scale's type).
-2. **Accumulation.** An int8 GEMM accumulates exactly in int32 (computed in float64, exact for every sum
-   below 2^53; a reduction longer than 131072 cannot overflow int32 only because no such layer is fused).
+2. **Accumulation.** An int8 GEMM accumulates exactly in int32 (computed as a float32 GEMM up to K = 1024 and
+   float64 beyond: every partial sum is an integer below 2^24 resp. 2^53, so the sum is exact in any order;
+   a layer with K > 131072, which could overflow int32, is not fused).
    The scale product is formed in float32 (exact for float16 scales: 11 × 11 significant bits fit in 24),
    the int32 sum is converted to float32 and multiplied by it once, a Gemm/Conv bias is added in float32,
    and the result is rounded once to the output type. A float16 MatMul/Gemm/Conv is computed in float32
