@@ -10,11 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from vitdeploy.checks.metrics import compare as compare_logits
+from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import IncompatibleArtifact, VitdeployError
 from vitdeploy.core.manifest import Manifest
 from vitdeploy.model.imageset import ImageSet
@@ -120,4 +122,31 @@ def agreement(reference: Runner, candidate: Runner, images: ImageSet, batch_size
         "max_abs_logit_diff": c.max_abs_diff,
         "against": reference.artifact.name,
         "source": images.source,
+        "runner": candidate.backend,
     }
+
+
+def artifact_agreement(reference: Path, ref_manifest: Manifest, candidate: OnnxArtifact, images: ImageSet,
+                       target: str | None = None) -> dict[str, Any] | None:
+    """A made precision artifact against its FP32 source (the engine step's check): the source on ONNX Runtime, the
+    artifact on the runner that judges its target (the TensorRT oracle for a TensorRT target). None: nothing read."""
+    from vitdeploy.core.targets import CPU_TARGETS
+    from vitdeploy.runners.onnxruntime import OnnxRuntimeRunner
+
+    ref = OnnxRuntimeRunner(reference, manifest=ref_manifest)
+    cand: Runner
+    if target is not None and target not in CPU_TARGETS:
+        from vitdeploy.runners.oracle.runner import OracleRunner
+
+        cand = OracleRunner(candidate.path, target, manifest=candidate.manifest)
+    else:
+        cand = OnnxRuntimeRunner(candidate, manifest=candidate.manifest)
+    try:
+        return agreement(ref, cand, images)
+    except VitdeployError:
+        if not images.skipped:
+            raise
+        return None  # every image unreadable: the calibration said so already
+    finally:
+        ref.close()
+        cand.close()

@@ -29,6 +29,19 @@ DEFAULT_FOLDER = Path("calibration")
 KEEP_BYTES = 256 << 20
 
 Item = Any  # a Path, or a PIL image held in memory (the embedded digits)
+# Beyond KEEP_BYTES, the arrays of this many leading items are still kept (the check after a calibration).
+KEEP_FIRST = 64
+
+
+@dataclass
+class _Cache:
+    """Decoded rows (item index, name, array, label) and skipped files (index, name, why) of the leading
+    ``covered`` items, for one preprocessing."""
+
+    rows: list[tuple[int, str, np.ndarray, int | None]] = field(default_factory=list)
+    skipped: list[tuple[int, str, str]] = field(default_factory=list)
+    covered: int = 0
+    have: set[int] = field(default_factory=set)
 
 
 def _load(item: Item, pp: Preprocess) -> np.ndarray:
@@ -45,7 +58,7 @@ class ImageSet:
     names: list[str] | None = None  # how each in-memory item is named in reports
     skipped: list[tuple[str, str]] = field(default_factory=list)  # unreadable files met so far
     notes: list[str] = field(default_factory=list)
-    _kept: dict[str, tuple[list[str], np.ndarray, list[int] | None]] = field(default_factory=dict, repr=False)
+    _kept: dict[str, _Cache] = field(default_factory=dict, repr=False)
     decoded: int = 0  # images decoded so far (each at most once while the set is kept)
 
     # --- constructors (the one selection rule) ----------------------------------------------------------
@@ -118,43 +131,68 @@ class ImageSet:
 
     def batches(self, pp: Preprocess, batch_size: int = 32,
                 progress: Callable[[int], None] | None = None) -> Iterator[Batch]:
-        """Batches in item order (unreadable files reported in ``Batch.skipped`` and in ``self.skipped``); a set
-        read before with the same preprocessing is served from memory."""
+        """Batches in item order (unreadable files reported in ``Batch.skipped`` and in ``self.skipped``).
+
+        Decoded arrays are kept (all of them while the set fits KEEP_BYTES, else the first KEEP_FIRST items), so a
+        later pass with the same preprocessing, or over ``head(n)``, is served from memory: nothing decodes twice.
+        """
         key = repr(pp)
-        if key in self._kept:
-            paths, arr, labels = self._kept[key]
-            for i in range(0, len(paths), batch_size):
-                b = Batch([Path(p) for p in paths[i : i + batch_size]], arr[i : i + batch_size],
-                          labels[i : i + batch_size] if labels is not None else None)
-                if progress:
-                    progress(len(b.paths))
-                yield b
+        cache = self._kept.setdefault(key, _Cache())
+        if cache.covered >= len(self.items):
+            yield from self._from_cache(cache, batch_size, progress)
             return
-        keep = len(self.items) * 3 * pp.input_size[0] * pp.input_size[1] * 4 <= KEEP_BYTES
+        fits = len(self.items) * 3 * pp.input_size[0] * pp.input_size[1] * 4 <= KEEP_BYTES
+        keep_upto = len(self.items) if fits else KEEP_FIRST
         index = {id(it): i for i, it in enumerate(self.items)}
-        kept_paths: list[str] = []
-        kept_arrays: list[np.ndarray] = []
-        kept_labels: list[int] = []
         self.skipped = []
-        complete = True
+        consumed = 0
         for b in iter_batches(self.items, pp, batch_size, labels=self.labels, loader=_load):
             self.decoded += len(b.paths) + len(b.skipped)
             self.skipped += [(str(p), why) for p, why in b.skipped]
+            idx = [index[id(p)] for p in b.paths]
             if self.names is not None:  # in-memory items: name them in reports
-                b.paths = [Path(self.name_of(index[id(p)])) if id(p) in index else p for p in b.paths]
-            if keep and len(b.paths):
-                kept_paths += [str(p) for p in b.paths]
-                kept_arrays.append(b.array)
-                kept_labels += list(b.labels or [])
+                b.paths = [Path(self.name_of(i)) for i in idx]
+            for j, i in enumerate(idx):
+                if cache.covered <= i < keep_upto and i not in cache.have:
+                    cache.have.add(i)
+                    cache.rows.append((i, str(b.paths[j]), b.array[j], b.labels[j] if b.labels is not None else None))
+            for p, why in b.skipped:
+                i = index.get(id(p), -1)
+                if cache.covered <= i < keep_upto and i not in cache.have:
+                    cache.have.add(i)
+                    cache.skipped.append((i, str(p), why))
+            consumed = max([consumed, *[i + 1 for i in idx], *[index.get(id(p), -1) + 1 for p, _ in b.skipped]])
             if progress:
                 progress(len(b.paths) + len(b.skipped))
-            try:
-                yield b
-            except GeneratorExit:
-                complete = False
-                raise
-        if keep and complete and kept_arrays:
-            self._kept[key] = (kept_paths, np.concatenate(kept_arrays), kept_labels if self.labels is not None else None)
+            yield b
+            cache.covered = max(cache.covered, min(consumed, keep_upto))
+
+    def _from_cache(self, cache: _Cache, batch_size: int,
+                    progress: Callable[[int], None] | None) -> Iterator[Batch]:
+        rows = sorted((r for r in cache.rows if r[0] < len(self.items)), key=lambda r: r[0])
+        self.skipped = [(p, why) for i, p, why in sorted(cache.skipped) if i < len(self.items)]
+        first = True
+        for k in range(0, len(rows), batch_size):
+            chunk = rows[k : k + batch_size]
+            b = Batch([Path(r[1]) for r in chunk], np.stack([r[2] for r in chunk]),
+                      [int(r[3] or 0) for r in chunk] if self.labels is not None else None,
+                      [(Path(p), why) for p, why in self.skipped] if first else [])
+            first = False
+            if progress:
+                progress(len(b.paths) + len(b.skipped))
+            yield b
+        if first and self.skipped:
+            yield Batch([], np.empty((0,), np.float32), [] if self.labels is not None else None,
+                        [(Path(p), why) for p, why in self.skipped])
+
+    def head(self, n: int) -> ImageSet:
+        """The first ``n`` items as a set of their own; arrays decoded for this set are shared, not decoded again."""
+        sub = ImageSet(self.items[:n], self.source, self.labels[:n] if self.labels is not None else None,
+                       self.names[:n] if self.names is not None else None, notes=list(self.notes))
+        for key, c in self._kept.items():
+            rows, skipped = [r for r in c.rows if r[0] < n], [s for s in c.skipped if s[0] < n]
+            sub._kept[key] = _Cache(rows, skipped, min(c.covered, n), {r[0] for r in rows} | {s[0] for s in skipped})
+        return sub
 
     def arrays(self, pp: Preprocess, batch_size: int = 64) -> tuple[list[str], np.ndarray, np.ndarray | None]:
         """Every readable image decoded (names, float32 NCHW, labels or None); refused when none can be read."""

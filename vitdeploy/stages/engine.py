@@ -15,10 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vitdeploy.checks.compare import artifact_agreement
 from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import PartlyDone, UsageError, VitdeployError
 from vitdeploy.core.manifest import Manifest
+from vitdeploy.core.preprocess import list_images
 from vitdeploy.core.targets import CPU_TARGETS, target_facts, target_of_version
+from vitdeploy.model.imageset import ImageSet
 from vitdeploy.runners.tensorrt.builder import BuildSpec, Event, compile_engine, dla_cores
 from vitdeploy.runners.tensorrt.commands import finish_commands
 from vitdeploy.runners.tensorrt.probe import TensorRTEnv as TensorRTEnv  # re-exported: older imports name it here
@@ -31,6 +34,8 @@ from vitdeploy.runners.tensorrt.versions import (
     opset_problem,
     plan_artifact,
 )
+
+CHECK_IMAGES = 64  # images the made artifact is checked on against its FP32 source
 
 
 @dataclass
@@ -185,45 +190,15 @@ def make_artifact(plan: ArtifactPlan, source: OnnxArtifact, calib: Path, emit: E
         made["skipped"] = [(str(p), why) for p, why in res.skipped]
         made["warnings"] = list(res.warnings)
         art = res.artifact
+        images = res.image_set.head(CHECK_IMAGES) if res.image_set is not None else None  # decoded once, reused
     else:
         art = precision.fp16_artifact(source, plan.artifact, target=target)
-    emit("check", {"path": str(plan.artifact)})
-    made["check"] = compare_artifacts(plan.source, plan.artifact, calib, source_manifest, art.manifest)
+        images = ImageSet.folder(calib, CHECK_IMAGES) if calib.is_dir() and list_images(calib) else None
+    emit("check", {"path": str(plan.artifact), "total": len(images) if images is not None else 0})
+    made["check"] = (artifact_agreement(plan.source, source_manifest, art, images, target)
+                     if images is not None else None)
     emit("artifact-done", made)
     return made, art
-
-
-def compare_artifacts(reference: Path, candidate: Path, images: Path, ref_manifest: Manifest | None = None,
-                      cand_manifest: Manifest | None = None, limit: int = 64) -> dict[str, Any] | None:
-    """How closely ``candidate`` answers like ``reference`` on up to ``limit`` images (ONNX Runtime, CPU).
-
-    None where there are no images to compare on. Labels are not needed: this is agreement, not accuracy.
-    """
-    import numpy as np
-
-    from vitdeploy.core.images import iter_batches
-    from vitdeploy.core.preprocess import list_images
-    from vitdeploy.runners.onnxruntime import OnnxRuntimeRunner
-
-    files = list_images(images)[:limit] if Path(images).is_dir() else []
-    if not files:
-        return None
-    ref, cand = OnnxRuntimeRunner(reference, manifest=ref_manifest), OnnxRuntimeRunner(candidate, manifest=cand_manifest)
-    a: list[np.ndarray] = []
-    b: list[np.ndarray] = []
-    for batch in iter_batches(files, ref.manifest.pp(), 32):
-        if len(batch.array):
-            a.append(ref(batch.array))
-            b.append(cand(batch.array))
-    if not a:
-        return None
-    x, y = np.concatenate(a), np.concatenate(b)
-    return {
-        "images": int(len(x)),
-        "top1_agreement": float(np.mean(x.argmax(1) == y.argmax(1))),
-        "max_abs_logit_diff": float(np.max(np.abs(x - y))),
-        "against": Path(reference).name,
-    }
 
 
 def remake_command(model: Path, manifest: Manifest, target: str) -> str:

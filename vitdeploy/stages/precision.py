@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.fileio import write_text_atomic
 from vitdeploy.core.manifest import Manifest, tool_versions
 from vitdeploy.core.naming import calib_cache_name, precision_name
+from vitdeploy.core.preprocess import list_images
 from vitdeploy.core.targets import CPU_TARGETS, TargetFacts, resolve_target
+from vitdeploy.model.imageset import ImageSet
 
 # Defaults chosen by measurement on the digits model (see README "calibrate"):
 DEFAULT_METHOD = "entropy"
@@ -47,6 +47,7 @@ class CalibrationResult:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     artifact: OnnxArtifact | None = None  # the artifact written, for a caller that goes on with it (build-engine)
+    image_set: ImageSet | None = None  # the calibration images (decoded arrays kept: a later check decodes nothing)
 
 
 def default_out(model_onnx: str | Path, precision: str) -> Path:
@@ -154,25 +155,19 @@ def _fit_graph(model: Any, facts: TargetFacts | None, src: Path) -> None:
 # --- INT8 -------------------------------------------------------------------------------------
 
 
-def _sample_images(images: str | Path, num_images: int, seed: int) -> list[Path]:
-    from vitdeploy.core.preprocess import list_images
-
+def _sample_images(images: str | Path, num_images: int, seed: int) -> ImageSet:
+    """The calibration images: a seeded sample of ``num_images`` from the folder (ImageSet, the one rule)."""
+    if num_images < 1:
+        raise UsageError("--num-images must be at least 1")
     root = Path(images)
     if not root.exists():
         raise VitdeployError(
             f"{root}: no such folder of calibration images: put a few hundred images like the deployment's in it "
             "(or pass --images DIR)"
         )
-    files = list_images(root)
-    if not files:
+    if not list_images(root):
         raise VitdeployError(f"{root} holds no image files: add a few hundred images like the deployment's")
-    if num_images < 1:
-        raise UsageError("--num-images must be at least 1")
-    if len(files) > num_images:
-        rng = np.random.default_rng(seed)
-        pick = np.sort(rng.choice(len(files), num_images, replace=False))
-        files = [files[i] for i in pick]
-    return files
+    return ImageSet.folder(root, num_images, seed)
 
 
 def _images_key(files: list[Path]) -> str:
@@ -204,13 +199,12 @@ def _read_cache(path: Path, key: str) -> tuple[dict[str, dict[str, float]], int]
 def _collect_ranges(
     model: Any,
     tensors: list[str],
-    files: list[Path],
+    files: ImageSet,
     manifest: Manifest,
     batch_size: int,
     progress: Progress | None,
 ) -> tuple[dict[str, dict[str, float]], int, list[tuple[str, str]]]:
     from vitdeploy.checks.guard import session
-    from vitdeploy.core.images import iter_batches
     from vitdeploy.graph.quantize import RangeCollector, with_outputs
 
     sess = session(with_outputs(model, tensors))
@@ -218,7 +212,7 @@ def _collect_ranges(
     rc = RangeCollector(tensors)
     skipped: list[tuple[str, str]] = []
     done = 0
-    for b in iter_batches(files, manifest.pp(), batch_size):
+    for b in files.batches(manifest.pp(), batch_size):
         skipped += [(str(p), why) for p, why in b.skipped]
         if len(b.paths):
             outs = sess.run(tensors, {name: b.array})
@@ -295,7 +289,7 @@ def _write_cache(cpath: Path, key: str, model_sha: str, files: list[Path], n_rea
 
 
 def _fresh_ranges(
-    model: Any, tensors: list[str], files: list[Path], manifest: Manifest, batch_size: int, images: str | Path,
+    model: Any, tensors: list[str], files: ImageSet, manifest: Manifest, batch_size: int, images: str | Path,
     progress: Progress | None,
 ) -> tuple[dict[str, dict[str, float]], int, list[tuple[str, str]]]:
     """Ranges from a calibration pass (no valid cache): at least one batch of images is needed."""
@@ -433,7 +427,7 @@ def calibrate(
     warnings: list[str] = []
     tensors = tensors_to_calibrate(all_layers)
     model_sha = art.sha256
-    key = _cache_key(model_sha, files, tensors)
+    key = _cache_key(model_sha, files.items, tensors)
     cpath = cache_path(dest)
     cached = _read_cache(cpath, key)
     reused = cached is not None
@@ -479,7 +473,7 @@ def calibrate(
     if guard_info is not None:
         derived.extra["guard"] = guard_info
     if not reused:
-        _write_cache(cpath, key, model_sha, files, n_read, ranges)
+        _write_cache(cpath, key, model_sha, files.items, n_read, ranges)
     written = _save(qmodel, derived, dest)
     return CalibrationResult(
         path=dest,
@@ -493,5 +487,6 @@ def calibrate(
         skipped=skipped,
         warnings=warnings,
         artifact=written,
+        image_set=files,
     )
 
