@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vitdeploy.core import trt_table
+from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.targets import TARGET_ROWS, row_fact
 
 KINDS: tuple[str, ...] = ("fp32", "fp16", "int8", "raw-pixel", "deepstream")
@@ -188,12 +189,10 @@ def check_onnx(model: Any, target: str, subject: str | None = None) -> Report:
 
 def check_onnx_rows(model: Any, rows: tuple[str, ...], subject: str | None = None, target: str = "") -> Report:
     """Every node of ``model`` against the given rows of the version table."""
-    import onnx
-
-    if isinstance(model, (str, Path)):
-        path = Path(model)
-        model = onnx.load(str(path), load_external_data=False)
-        subject = subject or path.name
+    if isinstance(model, (str, Path, OnnxArtifact)):
+        art = model if isinstance(model, OnnxArtifact) else OnnxArtifact.open(model)
+        model = art.model
+        subject = subject or art.path.name
     rep = Report(subject or "model", target or ", ".join(rows))
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
     types = _types(model)
@@ -469,11 +468,10 @@ def quantized_gemm_casts(model: Any) -> list[str]:
 def check_int8_intent(model: Any, target: str, subject: str | None = None) -> Report:
     """An INT8 artifact for a strongly typed TensorRT (10, 11): float16 float parts around the quantized GEMMs —
     no Cast islands, float16 DequantizeLinear scales where the parser reads them (defect 2 of issue 14)."""
-    import onnx
-
-    if isinstance(model, (str, Path)):
-        subject = subject or Path(model).name
-        model = onnx.load(str(model), load_external_data=False)
+    if isinstance(model, (str, Path, OnnxArtifact)):
+        art = model if isinstance(model, OnnxArtifact) else OnnxArtifact.open(model)
+        subject = subject or art.path.name
+        model = art.model
     rep = Report(f"{subject or 'model'} (INT8 precision)", target)
     types = _types(model)
     dqs = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]

@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import VitdeployError
-from vitdeploy.core.fileio import atomic_path, sha256_file
 from vitdeploy.core.manifest import Manifest
+from vitdeploy.core.naming import raw_variant_name as raw_variant_name  # re-exported: callers import it from here
 from vitdeploy.core.preprocess import Preprocess
 from vitdeploy.graph.edit import replace_nodes, toposort
 
@@ -47,12 +48,6 @@ class InputSpec:
             "name": self.name, "dtype": self.dtype, "layout": self.layout, "shape": list(self.shape),
             "range": [0, 255], "preprocess_in_graph": True,
         }
-
-
-def raw_variant_name(onnx_name: str | Path, suffix: str = "raw") -> str:
-    """model.onnx → model.raw.onnx; model.int8.onnx → model.int8.raw.onnx."""
-    p = Path(onnx_name)
-    return f"{p.stem}.{suffix}{p.suffix or '.onnx'}"
 
 
 def _dims(vi: Any) -> list[Any]:
@@ -193,32 +188,20 @@ def embed_preprocess(
     The preprocessing constants come from the model's own manifest; the variant's
     manifest records its ``input`` (name, dtype, layout, shape) and its source.
     """
-    import onnx
-
-    from vitdeploy.core.artifact import manifest_from_onnx
-
     src = Path(onnx_path)
-    try:
-        model = onnx.load(str(src))
-    except Exception as e:
-        raise VitdeployError(f"{src}: not a readable ONNX model ({type(e).__name__}); re-export it") from None
-    manifest = manifest_from_onnx(model, src)
+    art = OnnxArtifact.open(src)
+    model, manifest = art.load_weights(), art.manifest
     if manifest.extra.get("input", {}).get("preprocess_in_graph"):
         raise VitdeployError(f"{src}: preprocessing is already in this graph; embed into the normal export")
     dest = Path(out) if out is not None else src.with_name(raw_variant_name(src.name))
     if dest.resolve() == src.resolve():
         raise VitdeployError(f"{dest}: the variant would overwrite its source; choose another output name")
-    write_variant(model, manifest, src.name, sha256_file(src), dest, dtype, layout, input_name, softmax)
+    write_variant(model, manifest, src.name, art.sha256, dest, dtype, layout, input_name, softmax)
     return dest
 
 
-@dataclass
-class Variant:
-    """A raw-pixel variant as written: the model, its manifest, and the SHA-256 of the file's bytes."""
-
-    model: Any
-    manifest: Manifest
-    sha256: str
+# A raw-pixel variant as written: an OnnxArtifact (its model, manifest, and the SHA-256 of the bytes written).
+Variant = OnnxArtifact
 
 
 def write_variant(
@@ -233,10 +216,6 @@ def write_variant(
     softmax: bool = False,
 ) -> Variant:
     """``embed_preprocess`` for a model already in memory: serialized once, hashed from the bytes written."""
-    import hashlib
-
-    from vitdeploy.core.manifest import set_onnx_manifest
-
     new, spec = embed_model(model, manifest.pp(), dtype=dtype, layout=layout, input_name=input_name, softmax=softmax)
     derived = manifest.derive(
         source={"artifact": source_name, "sha256": source_sha256, "kind": "onnx"},
@@ -244,11 +223,7 @@ def write_variant(
         output={"name": new.graph.output[0].name, "kind": "probs" if softmax else "logits"},
     )
     derived.extra.pop("raw_variant", None)
-    set_onnx_manifest(new, derived)
-    data = new.SerializeToString()  # what onnx.save writes for a model without external data
-    with atomic_path(dest) as tmp:
-        Path(tmp).write_bytes(data)
-    return Variant(new, derived, hashlib.sha256(data).hexdigest())
+    return OnnxArtifact.write(new, derived, dest)
 
 
 def record_raw_variant(onnx_path: str | Path, variant: str | Path) -> None:
@@ -259,16 +234,10 @@ def record_raw_variant(onnx_path: str | Path, variant: str | Path) -> None:
     """
     import onnx
 
-    from vitdeploy.core.artifact import manifest_from_onnx
-    from vitdeploy.core.manifest import set_onnx_manifest
-
-    src = Path(onnx_path)
-    model = onnx.load(str(src), load_external_data=False)
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+    art = OnnxArtifact.open(onnx_path)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in art.model.graph.initializer):
         return
-    set_onnx_manifest(model, manifest_from_onnx(model, src).derive(raw_variant=Path(variant).name))
-    with atomic_path(src) as tmp:
-        onnx.save(model, str(tmp))
+    OnnxArtifact.write(art.model, art.manifest.derive(raw_variant=Path(variant).name), art.path)
 
 
 def raw_batch(images: list[np.ndarray] | np.ndarray, spec: dict[str, Any]) -> np.ndarray:
