@@ -19,7 +19,7 @@ def calibrate(
     images: Path = typer.Option(Path("calibration"), "--images", "-i", help="Folder of calibration images (any size; preprocessed as the model's manifest says)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="INT8 model to write (default: MODEL.int8.onnx beside MODEL)."),
     num_images: int = typer.Option(512, min=1, help="Images sampled from --images (all when fewer; a warning below 100)."),
-    batch_size: int = typer.Option(32, min=1, help="Calibration batch size."),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", min=1, help="Calibration batch size."),
     method: str = typer.Option(DEFAULT_METHOD, help="Activation ranges: entropy (KL, TensorRT's legacy calibrator), minmax or percentile (99.99%)."),
     quantize_attention: bool = typer.Option(DEFAULT_QUANTIZE_ATTENTION, "--quantize-attention/--no-quantize-attention", help="Also quantize the two attention matmuls (Q·Kᵀ, P·V)."),
     float_type: Optional[str] = typer.Option(None, "--float", help="Type of everything left unquantized: fp32 (ONNX Runtime on a CPU) or fp16 (TensorRT). Default: the target's (fp16 for trt*, else fp32)."),
