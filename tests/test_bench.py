@@ -158,3 +158,108 @@ def test_benchmark_json_has_openvino_rows_beside_onnxruntime(digits_models: tupl
     assert "INFERENCE_NUM_THREADS=1" in rep["settings"]["openvino"]
     assert any(q["row"] == "openvino fp32" and q["vs"] == "onnxruntime fp32" for q in rep["ratios"])
     assert "peak MB" in r.output and "openvino fp32 (model.onnx) / onnxruntime fp32 (model.onnx) =" in r.output
+
+
+# --- benchmarks end: bounded settings, workers that die with their parent, Ctrl-C at once ------------------------
+
+
+@pytest.mark.parametrize("seconds", [float("inf"), float("nan"), 1e300, 0.0, -1.0])
+def test_seconds_must_be_finite_positive_and_bounded(seconds: float) -> None:
+    from vitdeploy.core.errors import UsageError
+    from vitdeploy.tools.bench import check_settings
+
+    with pytest.raises(UsageError, match="--seconds"):
+        check_settings([1], 0, None, seconds, None, "cpu")
+
+
+@pytest.mark.parametrize("text", ["1 8", "1,,8", ",1", "1;8", "1_000", "+1", "1.5", "٣"])
+def test_batch_sizes_with_odd_separators_are_refused(text: str) -> None:
+    r = cli.invoke(app, ["benchmark", "nosuch.onnx", "--batch-sizes", text])
+    assert r.exit_code == 2, r.output
+    assert "--batch-sizes" in r.output
+
+
+def test_batch_sizes_with_spaces_around_commas_are_read() -> None:
+    from vitdeploy.cli.bench import _ints
+
+    assert _ints(" 1, 8 ,32", "--batch-sizes") == [1, 8, 32]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_busy_worker_dies_with_its_killed_parent(digits_models: tuple[Path, Path]) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    parent = (
+        "import sys, time\n"
+        "from vitdeploy.tools.bench import Worker\n"
+        f"w = Worker.for_row(__import__('pathlib').Path({str(digits_models[1])!r}), 'onnxruntime', 1, 'cpu')\n"
+        "assert w.error is None, w.error\n"
+        "w.proc.stdin.write('{\"batch\": 1, \"seconds\": 600}\\n'); w.proc.stdin.flush()\n"
+        "print(w.proc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    pid = int(p.stdout.readline())
+    try:
+        time.sleep(1.0)
+        assert _alive(pid)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        end = time.monotonic() + 15
+        while _alive(pid) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert not _alive(pid), "the worker kept running after its parent was killed"
+    finally:
+        if _alive(pid):
+            import os
+
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_ctrl_c_stops_a_busy_worker_at_once(digits_models: tuple[Path, Path]) -> None:
+    import signal
+    import time
+
+    started: list[float] = []
+
+    def on_alarm(signum: int, frame: object) -> None:
+        started.append(time.monotonic())
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    pids: list[int] = []
+
+    def progress(msg: str) -> None:
+        if "round 1/" in msg and not pids:
+            signal.alarm(2)  # the worker is opened; two seconds into its 600-second round, Ctrl-C
+            import psutil
+
+            pids.extend(c.pid for c in psutil.Process().children())
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            benchmark([digits_models[1]], [1], ["onnxruntime"], warmup=0, seconds=600, threads=1, progress=progress)
+        took = time.monotonic() - started[0]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert took < 10, f"Ctrl-C took {took:.1f} s to stop the benchmark"
+    assert pids and not any(_alive(p) for p in pids)
+
+
+def test_seconds_too_short_for_one_round_prints_no_figure(digits_models: tuple[Path, Path]) -> None:
+    from vitdeploy.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="no figure"):
+        benchmark([digits_models[1]], [1], ["onnxruntime"], warmup=0, seconds=0.0001, threads=1)

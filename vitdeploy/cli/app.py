@@ -7,7 +7,6 @@ Command modules import torch and friends inside the command body, so
 from __future__ import annotations
 
 import functools
-import json
 import sys
 import traceback
 from collections.abc import Callable
@@ -183,4 +182,6 @@ def check_json_dest(dest: str | Path | None, inputs: list[Any] | None = None) ->
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+    from vitdeploy.core.fileio import strict_json  # no bare NaN: null and a note
+
+    sys.stdout.write(strict_json(obj) + "\n")

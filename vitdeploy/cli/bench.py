@@ -11,12 +11,14 @@ from vitdeploy.cli.app import app, console, err_console, handle_errors, print_js
 
 
 def _ints(text: str, what: str) -> list[int]:
+    import re
+
     from vitdeploy.core.errors import UsageError
 
-    try:
-        vals = [int(v) for v in text.replace(" ", "").split(",") if v]
-    except ValueError:
-        raise UsageError(f"{what} {text!r}: give comma-separated integers, e.g. 1,8,32") from None
+    # ASCII digits and commas, spaces around them only: '1 8' is not 18, '1,,8' and '1;8' are typos, not lists
+    if not re.fullmatch(r"\s*[0-9]+\s*(,\s*[0-9]+\s*)*", text):
+        raise UsageError(f"{what} {text!r}: give comma-separated integers, e.g. 1,8,32")
+    vals = [int(v) for v in text.split(",")]
     if not vals or any(v < 1 for v in vals):
         raise UsageError(f"{what} {text!r}: give positive integers, e.g. 1,8,32")
     return vals
@@ -62,7 +64,7 @@ def benchmark(
     from vitdeploy.core.errors import UsageError
     from vitdeploy.core.fileio import check_output, names_stdout, strict_json, write_text_atomic
     from vitdeploy.tools.bench import benchmark as run_benchmark
-    from vitdeploy.tools.bench import benchmark_preset
+    from vitdeploy.tools.bench import benchmark_preset, check_settings
 
     if not models and not preset:  # like infer: the folder's artifacts (raw-pixel variants left out)
         from vitdeploy.tools.infer import candidate_models
@@ -81,6 +83,7 @@ def benchmark(
         raise UsageError("pass MODEL paths or --preset NAME, not both")
     if not models and not preset:
         raise UsageError("nothing to measure: pass MODEL paths or --preset NAME (e.g. --preset vit-small)")
+    check_settings(sizes, warmup, iterations, seconds, threads, device)  # before a preset's artifacts are made
     with Progress(SpinnerColumn(), TextColumn("[bold]benchmark[/] {task.description}"), TimeElapsedColumn(),
                   console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
         task = prog.add_task("starting")

@@ -29,7 +29,7 @@ def bundle(
         "Default: calibration/."
     ),
     check_images: Optional[list[Path]] = typer.Option(None, "--check-images", hidden=True, help=IMAGES_ALIAS_HELP),
-    references: int = typer.Option(16, min=1, help="How many reference images to keep."),
+    references: int = typer.Option(16, min=1, max=1000, help="How many reference images to keep (at most 1000)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=f"What the bundle is for: {TARGET_NAMES}. Every model must "
                                          "have been made for it. Default: the models' own target."),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -37,13 +36,13 @@ def verify(
 
     from vitdeploy.checks.verify import verify as run_verify
     from vitdeploy.core.errors import VitdeployError
-    from vitdeploy.core.fileio import check_output, write_text_atomic
+    from vitdeploy.core.fileio import check_output, names_stdout, strict_json, write_text_atomic
 
-    to_stdout = json_out is not None and str(json_out) == "-"
+    to_stdout = names_stdout(json_out)
     if json_out is not None and not to_stdout:
         check_output(json_out, [reference, *candidates], option="--json")
     if report_dir is not None:
-        check_output(report_dir, [reference, *candidates], kind="dir", option="--report")
+        check_output(report_dir, [reference, *candidates, images], kind="dir", option="--report")
     with Progress(
         TextColumn("[bold]verify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=err_console, transient=True, disable=not err_console.is_terminal,
@@ -82,7 +81,7 @@ def verify(
     else:
         console.print(t)
     if json_out is not None and not to_stdout:
-        write_text_atomic(json_out, json.dumps(report.to_dict(), indent=2) + "\n")
+        write_text_atomic(json_out, strict_json(report.to_dict()) + "\n")
         console.print(f"results → {json_out}", highlight=False)
     if report_dir is not None:
         from vitdeploy.checks.report import write_report

@@ -177,6 +177,20 @@ def temp_dir_beside(dest: str | Path) -> Path:
     return tmp
 
 
+def follow_umask(root: str | Path) -> None:
+    """Give every folder and file under ``root`` (and root) the mode a new one gets here: 0777/0666 less the umask,
+    executables keeping their x bits less the umask. shutil.copy/copymode/copytree copy the source's mode, which
+    under umask 077 would leave copied files group/other-readable."""
+    mask = _umask()
+    for dirpath, _dirs, filenames in os.walk(root):
+        os.chmod(dirpath, 0o777 & ~mask)
+        for name in filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            if stat.S_ISREG(st.st_mode):
+                os.chmod(p, (0o777 if st.st_mode & 0o111 else 0o666) & ~mask)
+
+
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` (UTF-8) whole or not at all; a channel such as /dev/stdout gets it in place."""
     with atomic_path(path) as tmp:

@@ -35,6 +35,7 @@ ONNX_NAMES = {"fp32": "model.onnx", "fp16": "model.fp16.onnx", "int8": "model.in
 # run.py --check passes when max|Δlogit| ≤ tol · max|reference logit| (TensorRT FP32 may use TF32)
 CHECK_TOLERANCE = {"fp32": 1e-2, "fp16": 3e-2, "int8": 1e-1}
 # the raw-pixel variant must equal its source on ONNX Runtime here (issue: ≤ 1e-4 relative for FP32)
+MAX_REFERENCES = 1000  # reference images run.py --check compares: enough for any check, bounded in size and time
 EMBED_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3, "int8": 1e-4}
 DS_NETWORK_MODE = {"fp32": 0, "int8": 1, "fp16": 2}
 DS_SCALING_FILTER = {"nearest": 0, "bilinear": 1, "bicubic": 2}
@@ -553,3 +554,12 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     shutil.rmtree(work)
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     return BundleResult(root, precisions, default, files, embed_err, ref_source, exported)
+    if not 1 <= opts.references <= MAX_REFERENCES:
+        raise UsageError(f"--references {opts.references}: give 1 to {MAX_REFERENCES} (each is an image and a row of "
+                         "logits per precision inside the bundle)")
+        from vitdeploy.core.fileio import follow_umask
+
+        follow_umask(tmp)  # copies (copymode, copytree) carry the source's mode; the bundle gets the umask's
+        from vitdeploy.checks.metrics import require_finite
+
+        require_finite(logits, src.name)  # NaN reference logits would make run.py --check meaningless

@@ -35,6 +35,7 @@ from vitdeploy.runners import BACKENDS, BACKENDS_OF_KIND, artifact_kind
 
 DEFAULT_BATCH_SIZES = (1, 8, 32)
 DEFAULT_SECONDS = 5.0
+MAX_SECONDS = 3600.0  # per row and batch size: an hour measures any model; inf or 1e300 would never end
 ROUNDS = 5
 
 
@@ -106,18 +107,10 @@ def cpu_flags() -> list[str]:
 
 
 def gpu_names() -> list[str]:
-    """GPUs that nvidia-smi lists (no torch or CUDA import)."""
-    import shutil
-    import subprocess
+    """GPUs the CUDA driver lists (the one GPU probe, libcuda: a Jetson without nvidia-smi too; no torch import)."""
+    from vitdeploy.runners.tensorrt.cuda import gpu_list
 
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return []
-    try:
-        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [ln.strip() for ln in out.stdout.splitlines() if ln.strip()] if out.returncode == 0 else []
+    return [g["name"] for g in gpu_list()]
 
 
 def machine_info(threads: int | None = None) -> dict[str, Any]:
@@ -256,11 +249,18 @@ class Worker:
         self.peak_rss_mb = max(self.peak_rss_mb, float(ans.get("peak_rss_mb") or 0.0))
         return [float(t) for t in ans["times"]]
 
-    def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
+    def close(self, now: bool = False) -> None:
+        """End the worker: closing its pipe ends an idle one; ``now`` (Ctrl-C, an error) terminates a busy one
+        at once instead of waiting for its round to finish."""
         try:
-            self.proc.wait(timeout=30)
+            if self.proc.stdin:
+                self.proc.stdin.close()
+        except OSError:  # a worker that died first: its pipe is broken
+            pass
+        if now:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=2 if now else 30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -296,6 +296,20 @@ def measure_workers(
     return times
 
 
+def too_short(workers: Sequence[Worker], times: Sequence[Sequence[float]], seconds: float, batch: int) -> None:
+    """Refuse to print a figure when ``seconds`` did not cover the calls that make one.
+
+    Every round makes at least one call (three in all), so a budget shorter than those calls is overrun: what was
+    timed is the forced calls, not the time asked for. Overrun more than twice, no figure is given."""
+    for w, ts in zip(workers, times, strict=True):
+        if sum(ts) > 2 * seconds:
+            need = sum(ts)
+            raise UsageError(
+                f"--seconds {seconds:g}: {w.hello.get('backend')} {w.hello.get('precision')} at batch {batch} took "
+                f"{need:.3g} s for the fewest calls a figure needs ({len(ts)}: one a round), over twice the time "
+                f"given, so no figure is printed; give --seconds {max(1.0, 2 * need):.3g} or more, or --iterations N")
+
+
 def ratios_between(rows: list[BenchRow]) -> list[dict[str, Any]]:
     """Throughput ratios at each batch size: every row against the first, and each precision against fp32 of its backend."""
     out = []
@@ -324,8 +338,9 @@ def check_settings(batch_sizes: Sequence[int], warmup: int, iterations: int | No
         raise UsageError(f"--warmup {warmup}: give 0 or more untimed calls")
     if iterations is not None and iterations < 1:
         raise UsageError("--iterations must be at least 1")
-    if seconds is not None and seconds <= 0:
-        raise UsageError("--seconds must be positive")
+    if seconds is not None and not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
+        raise UsageError(f"--seconds {seconds:g}: give a positive number of at most {MAX_SECONDS:g} "
+                         "(seconds per row and batch size)")
     if threads is not None and threads < 1:
         raise UsageError(f"--threads {threads}: give 1 or more (default: one per core)")
     if device not in ("cpu", "cuda"):
@@ -407,6 +422,7 @@ def benchmark(
     workers: list[Worker] = []
     pairs = rows_for(models, backends)
     check_memory([p for p, _ in pairs], max(batch_sizes))
+    interrupted = True  # until the rows are measured: a Ctrl-C or an error terminates busy workers at once
     try:
         for path, backend in pairs:
             if progress:
@@ -424,14 +440,17 @@ def benchmark(
         rows: list[BenchRow] = []
         for b in batch_sizes:
             times = measure_workers(workers, b, warmup, iterations, seconds, progress=progress)
+            if iterations is None:
+                too_short(workers, times, seconds or DEFAULT_SECONDS, b)
             for w, ts in zip(workers, times, strict=True):
                 p50, p90, p99, mean = _percentiles(ts)
                 back = str(w.hello["backend"])
                 rows.append(BenchRow(str(w.hello["artifact"]), back, str(w.hello["precision"]), b, len(ts), b * len(ts) / sum(ts),
                                      p50, p90, p99, mean, "cuda" if back == "tensorrt" else device, round(w.peak_rss_mb, 1)))
+        interrupted = False
     finally:
         for w in workers:
-            w.close()
+            w.close(now=interrupted)
     settings = {
         "warmup": warmup, "iterations": iterations, "seconds": None if iterations else (seconds or DEFAULT_SECONDS),
         "rounds": ROUNDS, "batch_sizes": list(batch_sizes), "device": device,

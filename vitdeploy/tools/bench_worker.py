@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -36,8 +38,46 @@ def peak_rss_mb() -> float:
     return kb / (1024.0 * 1024.0) if sys.platform == "darwin" else kb / 1024.0
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent() -> None:
+    """Be killed when the parent dies (SIGTERM, SIGKILL, a crash): a busy worker otherwise spins on for ever.
+
+    Linux's PR_SET_PDEATHSIG through libc's prctl; elsewhere ``parent_gone`` (polled between calls) is the guard.
+    Ctrl-C is the parent's to handle: it terminates the workers at once."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def parent_gone(inp: TextIO) -> bool:
+    """Whether the parent closed its end of the command pipe (it died, or gave up): polled between timed calls.
+
+    The parent sends nothing while a command runs, so a readable or hung-up pipe then means end of file."""
+    try:
+        fd = inp.fileno()
+    except (OSError, ValueError, AttributeError):
+        return False
+    try:
+        ready, _, _ = select.select([fd], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(ready)
+
+
 def serve(call: Callable[[np.ndarray], Any], input_size: tuple[int, int], out: TextIO, inp: TextIO) -> None:
-    """Answer timing commands on ``inp`` until it closes."""
+    """Answer timing commands on ``inp`` until it closes (or closes mid-command: then stop at once)."""
     for line in inp:
         if not line.strip():
             continue
@@ -46,6 +86,8 @@ def serve(call: Callable[[np.ndarray], Any], input_size: tuple[int, int], out: T
         h, w = input_size
         x = np.random.default_rng(int(cmd.get("seed", 0))).standard_normal((b, 3, h, w), dtype=np.float32)
         for _ in range(int(cmd.get("warmup", 0))):
+            if parent_gone(inp):
+                return
             call(x)
         times: list[float] = []
         calls, seconds = cmd.get("calls"), cmd.get("seconds")
@@ -56,6 +98,8 @@ def serve(call: Callable[[np.ndarray], Any], input_size: tuple[int, int], out: T
             dt = time.perf_counter() - t
             times.append(dt)
             spent += dt
+            if parent_gone(inp):
+                return
         out.write(json.dumps({"times": times, "peak_rss_mb": peak_rss_mb()}) + "\n")
         out.flush()
 
@@ -69,6 +113,7 @@ def protocol_streams() -> TextIO:
 
 def main(argv: list[str]) -> int:
     artifact, backend, threads, device = argv[0], argv[1], int(argv[2]), argv[3]
+    die_with_parent()
     out = protocol_streams()
     try:
         from vitdeploy.core.errors import VitdeployError

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Any
 
 from vitdeploy.checks import metrics
 from vitdeploy.core.errors import UsageError, VitdeployError
-from vitdeploy.core.fileio import atomic_path
+from vitdeploy.core.fileio import atomic_path, printable_name, strict_json
 from vitdeploy.core.images import iter_batches
 from vitdeploy.core.manifest import ENGINE_SUFFIXES
 from vitdeploy.core.preprocess import gather_images  # noqa: F401 (gather_images: the CLI's)
@@ -45,7 +44,7 @@ class Prediction:
 
     def row(self) -> dict[str, Any]:
         """The flat record written to CSV and JSON: path, label, score, then label_i/score_i for the top k."""
-        r: dict[str, Any] = {"path": str(self.path), "label": self.label, "score": round(self.score, 6)}
+        r: dict[str, Any] = {"path": printable_name(self.path), "label": self.label, "score": round(self.score, 6)}
         for i, (lab, sc) in enumerate(zip(self.labels, self.scores, strict=True), 1):
             r[f"label_{i}"] = lab
             r[f"score_{i}"] = round(sc, 6)
@@ -88,20 +87,11 @@ def tensorrt_missing() -> str | None:
 
 
 def tensorrt_usable() -> bool:
-    """TensorRT importable and a CUDA GPU visible (checked without importing torch)."""
-    if tensorrt_missing() is not None:
-        return False
-    import shutil
-    import subprocess
+    """TensorRT importable and a CUDA GPU the driver lists: the one probe (libcuda, so a Jetson without nvidia-smi
+    counts), asked without importing torch."""
+    from vitdeploy.runners.tensorrt.probe import tensorrt_usable as usable
 
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return False
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
+    return usable()
 
 
 def onnx_gpu_usable() -> bool:
@@ -241,8 +231,12 @@ def infer(
         for batch in iter_batches(paths, pp, batch_size, workers=workers):
             res.skipped.extend(batch.skipped)
             if batch.paths:
-                idx, prob = metrics.top_k(metrics.softmax(runner(batch.array)), top_k)
-                for p, ix, pr in zip(batch.paths, idx, prob, strict=True):
+                logits = runner(batch.array)
+                idx, prob = metrics.top_k(metrics.softmax(logits), top_k)
+                for p, ix, pr, ok in zip(batch.paths, idx, prob, metrics.finite_rows(logits), strict=True):
+                    if not ok:  # a NaN row's argmax is class 0: named as not classified, never a prediction
+                        res.skipped.append((p, "the model gave NaN or Inf logits for it"))
+                        continue
                     res.predictions.append(Prediction(p, [labels[i] for i in ix], [float(v) for v in pr]))
                 done += len(batch.paths)
             if progress:
@@ -280,7 +274,7 @@ def write_predictions(result: InferResult, path: str | Path) -> Path:
         if suffix == ".json":
             f.write("[")
             for i, pr in enumerate(result.predictions):
-                f.write(("," if i else "") + "\n " + json.dumps(pr.row()))
+                f.write(("," if i else "") + "\n " + strict_json(pr.row(), indent=None))
             f.write("\n]\n")
         else:
             w = csv.DictWriter(f, fieldnames=result_columns(result.top_k), lineterminator="\n")
