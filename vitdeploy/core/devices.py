@@ -58,7 +58,7 @@ MODULES: tuple[Module, ...] = (
            ("orinnano", "nano-orin", "orin-nano-super")),
     Module("agx-xavier", "Jetson AGX Xavier", 2, False, "7.2", f"{_DLA_FAQ}; {_FP8}", ("xavier-agx", "xavier")),
     Module("xavier-nx", "Jetson Xavier NX", 2, False, "7.2", f"{_DLA_FAQ}; {_FP8}", ("nx-xavier", "xaviernx")),
-    Module("thor", "Jetson Thor", 0, True, "11.0", f"{_DLA_PAGE}; {_FP8} (Thor: Blackwell)",
+    Module("thor", "Jetson Thor", 0, True, "11.0 (unconfirmed)", f"{_DLA_PAGE}; {_FP8} (Thor: Blackwell)",
            ("agx-thor", "jetson-thor", "t5000", "t4000")),
 )
 
