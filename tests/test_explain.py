@@ -277,27 +277,21 @@ def test_explain_unreadable_and_wrong_inputs(digits_ckpt: Path, digits_folder: P
 
 
 @pytest.fixture(scope="module")
-def onnx_copies(digits_ckpt: Path, digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The checkpoint's ONNX export, its FP16 and INT8 (Q/DQ, calibrated on 64 train digits) copies, a raw-pixel one."""
+def onnx_copies(digits_onnx: Path, digits_fp16: Path, digits_int8: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The checkpoint's ONNX export, its FP16 and INT8 (Q/DQ, calibrated on calibration/) copies, a raw-pixel one."""
     from vitdeploy.graph.embed import embed_preprocess
-    from vitdeploy.stages.export import export_onnx
-    from vitdeploy.stages.precision import calibrate, convert_fp16
 
-    root = tmp_path_factory.mktemp("onnx")
-    fp32 = root / "model.onnx"
-    export_onnx(digits_ckpt, fp32, check=False)
-    fp16 = convert_fp16(fp32, root / "model.fp16.onnx")
-    calibrate(fp32, digits_folder / "train", root / "model.int8.onnx", num_images=64)
     # uint8 pixels in (NCHW), preprocessing and a final Softmax in the graph
-    raw = embed_preprocess(fp32, root / "model.raw.onnx", layout="nchw", softmax=True)
-    return {"fp32": fp32, "fp16": fp16, "int8": root / "model.int8.onnx", "raw": raw}
+    raw = embed_preprocess(digits_onnx, tmp_path_factory.mktemp("onnx") / "model.raw.onnx", layout="nchw", softmax=True)
+    return {"fp32": digits_onnx, "fp16": digits_fp16, "int8": digits_int8, "raw": raw}
 
 
 def test_explain_onnx_copies_look_where_the_checkpoint_looks(digits_ckpt: Path, digits_folder: Path,
                                                              onnx_copies: dict[str, Path], tmp_path: Path) -> None:
     import onnx
 
-    from vitdeploy.tools.explain import softmax_outputs
+    from vitdeploy.runners.attention import softmax_outputs
 
     imgs = [sorted((digits_folder / "val" / str(c)).iterdir())[1] for c in range(10)]
     ref = explain(imgs, model=digits_ckpt, out_dir=tmp_path / "ckpt", method="rollout")

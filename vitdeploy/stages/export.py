@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vitdeploy.checks.parity import PARITY_BATCHES, ParityReport, validate_parity
+from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import ParityError, UsageError, VitdeployError
 from vitdeploy.core.fileio import source_sha256, temp_dir_beside
 from vitdeploy.core.manifest import Manifest, set_onnx_manifest, tool_versions
@@ -326,7 +327,7 @@ def _torch_export(model: torch.nn.Module, tmpdir: Path, h: int, w: int, opset: i
         m = onnx.ModelProto()
         m.ParseFromString(target.getbuffer())  # no copy of the serialized bytes
         return m
-    m = onnx.load(str(target))  # with the external data the exporter wrote beside it
+    m = OnnxArtifact(target).load_weights()  # with the external data the exporter wrote beside it
     for f in tmpdir.iterdir():
         f.unlink()
     return m
