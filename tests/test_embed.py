@@ -6,62 +6,16 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
+from helpers import export_model_onnx, ort_run, rel_err
 
 from vitdeploy.core.artifact import read_onnx_manifest
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.core.fileio import sha256_file
 from vitdeploy.core.manifest import Manifest, set_onnx_manifest
 from vitdeploy.core.preprocess import Preprocess, list_images, preprocess_file, resized_uint8
-from vitdeploy.graph.embed import embed_model, embed_preprocess, raw_batch, raw_variant_name
-
-
-def export_onnx_for_tests(ckpt_or_model, out: Path, manifest: Manifest | None = None) -> Path:
-    """model.onnx as `vitdeploy export` writes it (its own export when it exists, else the same recipe here)."""
-    import torch
-
-    if isinstance(ckpt_or_model, (str, Path)):
-        try:
-            from vitdeploy.stages.export import export_onnx  # type: ignore[import-not-found]
-
-            export_onnx(ckpt_or_model, out, check=False)  # parity is the export tests' concern
-            return out
-        except ImportError:
-            pass
-        from vitdeploy.model.importers import load_any
-
-        ck = load_any(ckpt_or_model)
-        model, manifest = ck.build(), ck.manifest
-    else:
-        model = ckpt_or_model.eval()
-    assert manifest is not None
-    h, w = manifest.input_size
-    torch.onnx.export(
-        model, (torch.zeros(1, 3, h, w),), str(out), dynamo=False, opset_version=17,
-        input_names=["pixel_values"], output_names=["logits"],
-        dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}},
-    )
-    m = onnx.load(str(out))
-    set_onnx_manifest(m, manifest)
-    onnx.save(m, str(out))
-    return out
-
-
-def ort_run(path: Path, x: np.ndarray) -> np.ndarray:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    return np.asarray(s.run(None, {s.get_inputs()[0].name: x})[0], np.float32)
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))
-
-
-@pytest.fixture(scope="session")
-def digits_onnx(digits_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return export_onnx_for_tests(digits_ckpt, tmp_path_factory.mktemp("onnx") / "model.onnx")
+from vitdeploy.graph.embed import embed_model, raw_batch
+from vitdeploy.stages.embed import embed_preprocess, raw_variant_name
 
 
 def photo_model_onnx(out: Path, channel_order: str = "RGB") -> Path:
@@ -74,7 +28,7 @@ def photo_model_onnx(out: Path, channel_order: str = "RGB") -> Path:
     cfg = ViTConfig(image_size=(64, 64), patch_size=16, embed_dim=64, depth=2, num_heads=2, num_classes=7)
     pp = Preprocess(input_size=(64, 64), channel_order=channel_order)
     manifest = Manifest(model=cfg.to_dict(), labels=[f"c{i}" for i in range(7)], preprocess=pp.to_dict(), name="photo")
-    return export_onnx_for_tests(VisionTransformer(cfg), out, manifest)
+    return export_model_onnx(VisionTransformer(cfg), out, manifest)
 
 
 def compare_on_files(normal: Path, raw: Path, files: list[Path]) -> float:
@@ -207,12 +161,13 @@ def test_cli_export_embed_preprocess(digits_ckpt: Path, digits_folder: Path, tmp
     assert compare_on_files(out, raw, list_images(digits_folder / "val")[:40]) <= 1e-4
 
 
-def test_variants_of_vitdeploys_own_precision_artifacts(digits_onnx: Path, digits_folder: Path, tmp_path: Path) -> None:
+def test_variants_of_vitdeploys_own_precision_artifacts(digits_onnx: Path, digits_fp16: Path, digits_folder: Path,
+                                                        tmp_path: Path, copy_artifact) -> None:
     # vitdeploy.stages.precision's FP16 (float32 I/O, float32 islands; its Casts come last in the node list) and its
     # Q/DQ INT8 with FP16 for the unquantized parts, as built for TensorRT
-    from vitdeploy.stages.precision import calibrate, convert_fp16
+    from vitdeploy.stages.precision import calibrate
 
-    fp16 = convert_fp16(digits_onnx, tmp_path / "model.fp16.onnx")
+    fp16 = copy_artifact(digits_fp16)  # its raw variant is written beside it
     int8 = calibrate(digits_onnx, digits_folder / "train", tmp_path / "model.int8.onnx", num_images=64, float_type="fp16").path
     files = list_images(digits_folder / "val")[::10]
     for path in (fp16, int8):

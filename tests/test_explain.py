@@ -280,7 +280,7 @@ def test_explain_unreadable_and_wrong_inputs(digits_ckpt: Path, digits_folder: P
 def onnx_copies(digits_onnx: Path, digits_fp16: Path, digits_int8: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The checkpoint's ONNX export, its FP16 and INT8 (Q/DQ, calibrated on calibration/) copies, a raw-pixel one."""
-    from vitdeploy.graph.embed import embed_preprocess
+    from vitdeploy.stages.embed import embed_preprocess
 
     # uint8 pixels in (NCHW), preprocessing and a final Softmax in the graph
     raw = embed_preprocess(digits_onnx, tmp_path_factory.mktemp("onnx") / "model.raw.onnx", layout="nchw", softmax=True)

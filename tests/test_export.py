@@ -322,7 +322,7 @@ def test_graph_problems_finds_dead_duplicate_and_foldable_nodes() -> None:
 
 def test_check_graph_rejects_broken_graphs(digits_export, tmp_path: Path) -> None:
     """The low-memory checker (weights left behind as stubs) still catches what onnx.checker catches."""
-    from vitdeploy.stages.export import check_graph
+    from vitdeploy.graph.cleanup import check_graph
 
     good = onnx.load(str(digits_export.path))
     check_graph(good, tmp_path)

@@ -15,64 +15,41 @@ from typer.testing import CliRunner
 from vitdeploy.cli import app
 from vitdeploy.core.artifact import read_onnx_manifest
 from vitdeploy.core.errors import VitdeployError
-from vitdeploy.stages.precision import calibrate, convert_fp16
+from vitdeploy.stages.precision import calibrate
 
 REPO = Path(__file__).resolve().parents[1]
 CALIB = REPO / "calibration"
 runner = CliRunner()
 
 
-def _export(ckpt: Path, out: Path) -> Path:
-    """The FP32 ONNX: vitdeploy's exporter where it exists, else the same torch export plus the manifest."""
-    try:
-        from vitdeploy.stages.export import export_onnx
-    except ImportError:
-        export_onnx = None
-    if export_onnx is not None:
-        export_onnx(ckpt, out)
-        return out
-    import torch
-
-    from vitdeploy.core.manifest import set_onnx_manifest
-    from vitdeploy.model.importers import load_any
-
-    ck = load_any(ckpt)
-    model = ck.build()
-    h, w = ck.manifest.input_size
-    torch.onnx.export(
-        model, (torch.randn(2, 3, h, w),), str(out), dynamo=False, opset_version=17,
-        input_names=["pixel_values"], output_names=["logits"],
-        dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}},
-    )
-    m = onnx.load(str(out))
-    set_onnx_manifest(m, ck.manifest)
-    onnx.save(m, str(out))
-    return out
-
-
 @pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory, digits_ckpt: Path) -> Path:
-    d = tmp_path_factory.mktemp("precision")
-    _export(digits_ckpt, d / "model.onnx")
+def work(tmp_path_factory: pytest.TempPathFactory, digits_artifacts: Path) -> Path:
+    """A copy of the session's model.onnx, model.fp16.onnx, model.int8.onnx and its calibration cache."""
+    d = tmp_path_factory.mktemp("precision") / "work"
+    shutil.copytree(digits_artifacts, d)
     return d
 
 
 @pytest.fixture(scope="module")
 def int8(work: Path):
-    """Default calibration from the repository's calibration/ digits (500 real images)."""
+    """Default calibration from the repository's calibration/ digits (500 real images); the ranges come from the
+    session artifact's calibration cache (the cache's own promises are tested on fresh calibrations below)."""
     return calibrate(work / "model.onnx", CALIB)
 
 
 @pytest.fixture(scope="module")
 def guarded(work: Path, digits_folder: Path):
-    """The same calibration measured on the digits validation split, with the targets as the guard's budget."""
+    """The same calibration measured on the digits validation split, with the targets as the guard's budget (the
+    same images' ranges: the calibration cache is reused, which calibrate checks by its key)."""
+    shutil.copy(work / "model.int8.calib.json", work / "guarded.int8.calib.json")
     return calibrate(work / "model.onnx", CALIB, work / "guarded.int8.onnx", eval_dir=digits_folder, max_drop=0.5,
                      min_agreement=0.99)
 
 
 @pytest.fixture(scope="module")
 def fp16(work: Path) -> Path:
-    return convert_fp16(work / "model.onnx")
+    """convert_fp16's default output (made once per session by tests/conftest.py)."""
+    return work / "model.fp16.onnx"
 
 
 def _val(digits_folder: Path, manifest):
@@ -371,7 +348,7 @@ def test_bad_inputs_fail_in_one_line_and_write_nothing(work: Path, int8, fp16: P
     _one_line(runner.invoke(app, ["calibrate", str(fp16), "--images", str(CALIB), "-o", str(out)]), "FP16")
     _one_line(runner.invoke(app, ["convert-fp16", str(fp16), "-o", str(out)]), "already FP16")
     _one_line(runner.invoke(app, ["convert-fp16", str(int8.path), "-o", str(out)]), "INT8")
-    from vitdeploy.graph.embed import embed_preprocess
+    from vitdeploy.stages.embed import embed_preprocess
 
     raw = embed_preprocess(model, tmp_path / "model.raw.onnx")  # uint8 image in: calibrate the normal export instead
     _one_line(runner.invoke(app, ["calibrate", str(raw), "--images", str(CALIB), "-o", str(out)]), "preprocessing folded")

@@ -75,8 +75,8 @@ def export(
     extra = f" + {result.external_data.name}" if result.external_data else ""
     console.print(f"wrote {result.path}{extra} (opset {result.opset}, dynamic batch) in {result.seconds:.1f} s", highlight=False)
     if embed_preprocess:
-        from vitdeploy.graph.embed import embed_preprocess as embed
-        from vitdeploy.graph.embed import raw_variant_name, record_raw_variant
+        from vitdeploy.stages.embed import embed_preprocess as embed
+        from vitdeploy.stages.embed import raw_variant_name, record_raw_variant
 
         record_raw_variant(result.path, raw_variant_name(result.path.name))
         raw = embed(result.path)

@@ -17,7 +17,6 @@ export within a few GB of memory.
 
 from __future__ import annotations
 
-import collections
 import os
 import shutil
 import time
@@ -27,32 +26,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from vitdeploy.checks.parity import PARITY_BATCHES, ParityReport, validate_parity
-from vitdeploy.core.artifact import OnnxArtifact
+from vitdeploy.core.artifact import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, OnnxArtifact
 from vitdeploy.core.errors import ParityError, UsageError, VitdeployError
 from vitdeploy.core.fileio import source_sha256, temp_dir_beside
 from vitdeploy.core.manifest import Manifest, set_onnx_manifest, tool_versions
 from vitdeploy.core.targets import TargetFacts, resolve_target
-from vitdeploy.graph.edit import drop_unused_initializers, replace_nodes
+from vitdeploy.graph.cleanup import check_graph, fix_io, initializer_bytes, merge_attention_scale, node_counts, slim
 
 if TYPE_CHECKING:
     import onnx
     import torch
 
 
-INPUT_NAME = "pixel_values"
-OUTPUT_NAME = "logits"
-BATCH_DIM = "batch"
 DEFAULT_OPSET = 17
 MIN_OPSET = 17
 # Highest opset torch's TorchScript exporter writes; higher ones are reached with onnx's version converter.
 TORCHSCRIPT_MAX_OPSET = 20
 # Models whose weights exceed this go to external data (protobuf's hard limit is 2 GiB).
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
-# Initializers with more elements than this are hidden from onnxslim (see the module docstring).
-_LIGHT_NUMEL = 256
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -116,189 +108,6 @@ def check_target(target: str | None, opset: int) -> TargetFacts | None:
     return facts
 
 
-def node_counts(model: onnx.ModelProto) -> dict[str, int]:
-    c = collections.Counter(n.op_type for n in model.graph.node)
-    return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
-
-
-def _initializer_bytes(model: onnx.ModelProto) -> int:
-    import onnx
-
-    total = 0
-    for t in model.graph.initializer:
-        n = int(np.prod(t.dims)) if len(t.dims) else 1
-        total += n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-    return total
-
-
-def _numel(t: onnx.TensorProto) -> int:
-    return int(np.prod(t.dims)) if len(t.dims) else 1
-
-
-def _slim(model: onnx.ModelProto) -> None:
-    """onnxslim's folding, dead-code and duplicate elimination, in place, without handing it the weights.
-
-    onnxslim gets a light copy in which every large initializer is a graph input of the same
-    shape; its graph then replaces the model's, whose large initializers never move (no copy
-    of the weights, which matters at vit-huge's 2.5 GB).
-    """
-    import onnx
-    import onnxslim
-
-    g = model.graph
-    big = {t.name for t in g.initializer if _numel(t) > _LIGHT_NUMEL}
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    light.graph.name = g.name
-    light.graph.node.extend(g.node)
-    light.graph.input.extend(g.input)
-    light.graph.output.extend(g.output)
-    light.graph.initializer.extend(t for t in g.initializer if t.name not in big)
-    light.graph.input.extend(
-        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in g.initializer if t.name in big
-    )
-    graph_inputs = [i.name for i in g.input]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        slim = onnxslim.slim(light)
-    if slim is None:
-        raise VitdeployError("onnxslim could not simplify the exported graph: report this with the checkpoint's preset")
-    kept_inputs = [i for i in slim.graph.input if i.name not in big]
-    if [i.name for i in kept_inputs] != graph_inputs:
-        raise VitdeployError(f"graph inputs changed while cleaning ({[i.name for i in kept_inputs]}): re-run with --debug")
-    sg = slim.graph
-    used = {i for n in sg.node for i in n.input} | {o.name for o in sg.output}
-    for field_name in ("input", "output", "value_info"):
-        g.ClearField(field_name)
-    replace_nodes(g, sg.node)
-    g.input.extend(kept_inputs)
-    g.output.extend(sg.output)
-    g.value_info.extend(sg.value_info)
-    # keep the large initializers still used, where they are; the small ones come from onnxslim
-    for i in reversed(range(len(g.initializer))):
-        t = g.initializer[i]
-        if t.name not in big or t.name not in used:
-            del g.initializer[i]
-    g.initializer.extend(sg.initializer)
-    model.ClearField("opset_import")
-    model.opset_import.extend(slim.opset_import)
-
-
-def _fix_io(model: onnx.ModelProto, num_classes: int, h: int, w: int) -> None:
-    """Input [batch, 3, H, W] and output [batch, classes] float32, batch the only symbolic dim."""
-    import onnx
-
-    inp, out = model.graph.input[0], model.graph.output[0]
-    want: list[tuple[Any, list[str | int]]] = [(inp, [BATCH_DIM, 3, h, w]), (out, [BATCH_DIM, num_classes])]
-    for vi, dims in want:
-        if vi.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
-            raise VitdeployError(f"exported {vi.name} is not float32: re-run with --debug")
-        shape = vi.type.tensor_type.shape
-        shape.ClearField("dim")
-        for d in dims:
-            dim = shape.dim.add()
-            if isinstance(d, str):
-                dim.dim_param = d
-            else:
-                dim.dim_value = int(d)
-
-
-def _merge_attention_scale(model: onnx.ModelProto) -> int:
-    """Q·√s and Kᵀ·√s (how torch exports scaled_dot_product_attention) → Q·s, so one Mul scales Q.
-
-    That is the pattern TensorRT fuses (scale on Q, then MatMul → Softmax → MatMul), and it
-    saves one Mul per block. Returns the number of attention blocks rewritten.
-    """
-    from onnx import numpy_helper
-
-    g = model.graph
-    inits = {t.name: t for t in g.initializer}
-    producer = {o: n for n in g.node for o in n.output}
-    consumers: dict[str, int] = collections.Counter(i for n in g.node for i in n.input)
-    softmax_in = {n.input[0] for n in g.node if n.op_type == "Softmax"}
-    drop: set[int] = set()
-    rewritten = 0
-    new_inits: dict[bytes, onnx.TensorProto] = {}
-    for n in g.node:
-        if n.op_type != "MatMul" or n.output[0] not in softmax_in:
-            continue
-        mq, mk = producer.get(n.input[0]), producer.get(n.input[1])
-        if not (mq and mk and mq.op_type == "Mul" and mk.op_type == "Mul"):
-            continue
-        sq, sk = mq.input[1], mk.input[1]
-        if sq != sk or sq not in inits or consumers[mk.output[0]] != 1 or consumers[mq.output[0]] != 1:
-            continue
-        s = numpy_helper.to_array(inits[sq])
-        if s.size != 1:
-            continue
-        s2 = (s.astype(np.float64) ** 2).astype(s.dtype)
-        if s2.tobytes() not in new_inits:
-            new_inits[s2.tobytes()] = numpy_helper.from_array(s2, f"attention_scale_{len(new_inits)}")
-        mq.input[1] = new_inits[s2.tobytes()].name
-        n.input[1] = mk.input[0]
-        drop.add(id(mk))
-        rewritten += 1
-    if rewritten:
-        replace_nodes(g, [n for n in g.node if id(n) not in drop])
-        g.initializer.extend(new_inits.values())
-        drop_unused_initializers(g)
-    return rewritten
-
-
-def check_graph(model: onnx.ModelProto, workdir: Path) -> None:
-    """onnx.checker (full check: strict shape inference too) on a copy that leaves the weights behind.
-
-    The checker serializes and copies the model several times (9 GB peak for vit-large's 1.2 GB);
-    given stubs of the large initializers (name, type, dims, marked external) it checks the
-    same graph in megabytes (the stubs point into a sparse file in ``workdir``). What it then
-    cannot see, each weight's byte count against its shape, is checked here directly.
-    """
-    import onnx
-
-    g = model.graph
-    skeleton = onnx.ModelProto()
-    for f in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
-        setattr(skeleton, f, getattr(model, f))
-    skeleton.opset_import.extend(model.opset_import)
-    skeleton.metadata_props.extend(model.metadata_props)
-    sg = skeleton.graph
-    sg.name = g.name
-    sg.node.extend(g.node)
-    sg.input.extend(g.input)
-    sg.output.extend(g.output)
-    sg.value_info.extend(g.value_info)
-    offset = 0
-    for t in g.initializer:
-        if _numel(t) <= _LIGHT_NUMEL or t.data_location == onnx.TensorProto.EXTERNAL:
-            sg.initializer.append(t)
-            continue
-        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-        have = len(t.raw_data) if t.HasField("raw_data") else len(t.float_data) * 4
-        if have != _numel(t) * itemsize:
-            raise VitdeployError(f"exported weight {t.name} holds {have} bytes for shape {list(t.dims)}: re-run with --debug")
-        stub = sg.initializer.add()
-        stub.name, stub.data_type = t.name, t.data_type
-        stub.dims.extend(t.dims)
-        stub.data_location = onnx.TensorProto.EXTERNAL
-        for k, v in (("location", "weights.bin"), ("offset", str(offset)), ("length", str(have))):
-            entry = stub.external_data.add()
-            entry.key, entry.value = k, v
-        offset += have
-    path = workdir / "skeleton.onnx"
-    weights = workdir / "weights.bin"
-    onnx.save_model(skeleton, str(path))
-    with open(weights, "wb") as fh:
-        fh.truncate(offset)  # sparse: no bytes written
-    try:
-        onnx.checker.check_model(str(path), full_check=True)
-    except Exception as e:  # onnx raises ValidationError / InferenceError
-        raise VitdeployError(f"the exported graph fails onnx.checker: {str(e).splitlines()[0][:200]}") from None
-    finally:
-        path.unlink()
-        weights.unlink()
-
-
 def _torch_export(model: torch.nn.Module, tmpdir: Path, h: int, w: int, opset: int) -> onnx.ModelProto:
     """TorchScript export; in memory unless the weights need external data (over 2 GB)."""
     import io
@@ -357,13 +166,13 @@ def _clean(m: onnx.ModelProto, manifest: Manifest, opset: int) -> onnx.ModelProt
     from vitdeploy import __version__
 
     h, w = manifest.input_size
-    _slim(m)
-    _merge_attention_scale(m)
+    slim(m)
+    merge_attention_scale(m)
     if opset > TORCHSCRIPT_MAX_OPSET:
         from onnx import version_converter
 
         m = version_converter.convert_version(m, opset)
-    _fix_io(m, manifest.num_classes, h, w)
+    fix_io(m, manifest.num_classes, h, w)
     m.producer_name = "vitdeploy"
     m.producer_version = __version__
     m.doc_string = f"{manifest.name}: float32 pixel_values [batch, 3, {h}, {w}] → logits [batch, {manifest.num_classes}]"
@@ -407,7 +216,7 @@ def _save_model(m: onnx.ModelProto, path: Path, data_name: str) -> bool:
     """Write the model; over EXTERNAL_DATA_THRESHOLD its weights go to ``data_name`` beside it. True when they did."""
     import onnx
 
-    external = _initializer_bytes(m) > EXTERNAL_DATA_THRESHOLD
+    external = initializer_bytes(m) > EXTERNAL_DATA_THRESHOLD
     if external:
         onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=data_name, size_threshold=1024)
