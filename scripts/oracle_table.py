@@ -111,7 +111,7 @@ def main() -> None:
     w = a.work.resolve()
     w.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    if not (w / "ckpt.pth").exists():
+    if not (w / "ckpt.pth").exists() and not (w / "model.onnx").exists():  # a folder with model.onnx reuses it
         vitdeploy("train", *(["--epochs", str(a.epochs)] if a.epochs else []), cwd=w)
     if not (w / "model.onnx").exists():
         vitdeploy("export", "ckpt.pth", cwd=w)
