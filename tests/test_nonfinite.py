@@ -40,11 +40,14 @@ def nan_model(src: Path, dst: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def work(digits_ckpt: Path, digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def work(digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight vit-digits checkpoint (finite logits need no training), its ONNX and a NaN copy of it."""
     from vitdeploy.stages.export import export_onnx
+    from vitdeploy.tools.bench import _random_checkpoint
 
     d = tmp_path_factory.mktemp("nonfinite")
-    export_onnx(digits_ckpt, d / "model.onnx", check=False)
+    _random_checkpoint("vit-digits", d, seed=0)
+    export_onnx(d / "ckpt.pth", d / "model.onnx", check=False)
     nan_model(d / "model.onnx", d / "nan.onnx")
     (d / "zeros").mkdir()  # images of class 0 only: where a NaN argmax (0) used to agree
     for i, f in enumerate(sorted((digits_folder / "val" / "0").glob("*.png"))[:4]):
@@ -71,7 +74,7 @@ def test_verify_fails_a_nan_candidate_in_one_line_and_writes_strict_json(work: P
     r = vitdeploy("verify", "model.onnx", "nan.onnx", "--images", "zeros", "--json", "v.json", cwd=work)
     assert r.returncode == 1, r.stdout + r.stderr
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert "NaN or Inf logits on 4 of 4 images" in err[0], r.stderr
+    assert len(err) == 1 and "NaN or Inf logits on 4 of 4 images" in err[0], r.stderr
     doc = strict_loads((work / "v.json").read_text())
     assert isinstance(doc, dict) and doc["passed"] is False
     r2 = vitdeploy("verify", "model.onnx", "nan.onnx", "--images", "zeros", "--json", "-", cwd=work)
@@ -85,10 +88,10 @@ def test_infer_names_the_images_a_model_gave_nan_for(work: Path) -> None:
     assert not (work / "p.json").exists()
 
 
-def test_export_parity_fails_on_a_nan_onnx_model(work: Path, digits_ckpt: Path) -> None:
+def test_export_parity_fails_on_a_nan_onnx_model(work: Path) -> None:
     from vitdeploy.checks.parity import check_parity
 
-    rep = check_parity(digits_ckpt, work / "nan.onnx", images=work / "zeros", batch_sizes=(1, 2))
+    rep = check_parity(work / "ckpt.pth", work / "nan.onnx", images=work / "zeros", batch_sizes=(1, 2))
     assert not rep.passed
     assert "NaN or Inf" in rep.failures[0].describe()
 

@@ -198,7 +198,7 @@ def compare(
         tolerance=tolerance,
     )
     if tolerance is not None and n:
-        if (nonfinite := cmp.nonfinite_message()) is not None:  # first: it is the cause of the other failures
+        if (nonfinite := cmp.nonfinite_message()) is not None:  # the cause of every other failure: say only it
             res.failures.append(nonfinite)
         ref_max = cmp.max_abs_reference
         if tolerance.rtol is not None:
