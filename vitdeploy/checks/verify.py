@@ -200,6 +200,7 @@ def compare(
     if tolerance is not None and n:
         if (nonfinite := cmp.nonfinite_message()) is not None:  # the cause of every other failure: say only it
             res.failures.append(nonfinite)
+            return res
         ref_max = cmp.max_abs_reference
         if tolerance.rtol is not None:
             limit = cmp.limit(tolerance.rtol)
