@@ -50,16 +50,6 @@ class CalibrationResult:
     image_set: ImageSet | None = None  # the calibration images (decoded arrays kept: a later check decodes nothing)
 
 
-def default_out(model_onnx: str | Path, precision: str) -> Path:
-    """model.onnx → model.int8.onnx / model.fp16.onnx (beside the input; core.naming)."""
-    return precision_name(model_onnx, precision)
-
-
-def cache_path(out: str | Path) -> Path:
-    """The calibration cache beside the INT8 model: model.int8.onnx → model.int8.calib.json (core.naming)."""
-    return calib_cache_name(out)
-
-
 def as_artifact(model_onnx: str | Path | OnnxArtifact) -> OnnxArtifact:
     """The artifact a caller passed, or the one opened for a path (read once either way)."""
     return model_onnx if isinstance(model_onnx, OnnxArtifact) else OnnxArtifact.open(model_onnx)
@@ -116,7 +106,7 @@ def fp16_artifact(model_onnx: str | Path | OnnxArtifact = "model.onnx", out: str
         raise VitdeployError(f"{src} is an INT8 (Q/DQ) model: convert the FP32 model, or calibrate with --float fp16")
     target = target or manifest.target
     facts = check_target(target)
-    dest = Path(out) if out is not None else default_out(src, "fp16")
+    dest = Path(out) if out is not None else precision_name(src, "fp16")
     _fit_graph(model, facts, src)
     m16 = to_fp16(model)
     derived = manifest.derive(
@@ -411,7 +401,7 @@ def calibrate(
     if facts is not None and facts.fp16_dq_scales and float_type != "fp16":
         raise UsageError(f"--target {target} builds strongly typed: its INT8 keeps the unquantized parts in float16 "
                          "(float32 would run every layer in FP32); drop --float fp32, or use --target ort for a CPU")
-    dest = Path(out) if out is not None else default_out(src, "int8")
+    dest = Path(out) if out is not None else precision_name(src, "int8")
     _fit_graph(model, facts, src)
     ensure_node_names(model)
     all_layers = find_layers(model)
@@ -428,7 +418,7 @@ def calibrate(
     tensors = tensors_to_calibrate(all_layers)
     model_sha = art.sha256
     key = _cache_key(model_sha, files.items, tensors)
-    cpath = cache_path(dest)
+    cpath = calib_cache_name(dest)
     cached = _read_cache(cpath, key)
     reused = cached is not None
     ranges, n_read, skipped = cached + ([],) if cached else _fresh_ranges(
@@ -474,7 +464,12 @@ def calibrate(
         derived.extra["guard"] = guard_info
     if not reused:
         _write_cache(cpath, key, model_sha, files.items, n_read, ranges)
-    written = _save(qmodel, derived, dest)
+    try:
+        written = _save(qmodel, derived, dest)
+    except BaseException:
+        if not reused:  # a failed write (a full disk) leaves no calibration cache without its model
+            cpath.unlink(missing_ok=True)
+        raise
     return CalibrationResult(
         path=dest,
         manifest=derived,
