@@ -17,10 +17,11 @@ from typing import Any
 
 from vitdeploy.checks.compare import artifact_agreement
 from vitdeploy.core.artifact import OnnxArtifact
-from vitdeploy.core.errors import PartlyDone, UsageError, VitdeployError
+from vitdeploy.core.errors import OpsetTooNew, PartlyDone, StaleArtifact, TargetMismatch, UsageError, VitdeployError
+from vitdeploy.core.lineage import is_stale
 from vitdeploy.core.manifest import Manifest
 from vitdeploy.core.preprocess import list_images
-from vitdeploy.core.targets import CPU_TARGETS, target_facts, target_of_version
+from vitdeploy.core.targets import CPU_TARGETS, resolve_target, target_of_version
 from vitdeploy.model.imageset import ImageSet
 from vitdeploy.runners.tensorrt.builder import BuildSpec, Event, compile_engine, dla_cores
 from vitdeploy.runners.tensorrt.commands import finish_commands
@@ -99,11 +100,7 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
         raise VitdeployError(f"{model}: no such file{hint}")
     if model.suffix != ".onnx":
         raise UsageError(f"{model}: build-engine takes an ONNX model; make one with `vitdeploy export {model}`")
-    if o.target is not None:
-        try:
-            target_facts(o.target)
-        except ValueError as e:
-            raise UsageError(f"--target: {e}") from None
+    facts = resolve_target(o.target)  # once per command: a JetPack or module name becomes its TensorRT line
     source = OnnxArtifact.open(model)  # the one read of the source: manifest, opset and input come from it
     manifest = source.manifest
     plan = plan_artifact(model, manifest.precision, o.fp16, o.int8, o.out, o.dla_core)
@@ -126,12 +123,12 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
                     + (" (Jetson Orin has them; Thor, Nano and desktop GPUs have none)" if n == 0 else "")
                 )
 
-    target = o.target
+    target = facts.name if facts is not None else None
     if env.missing is None:  # an artifact made for another TensorRT: say so before calibrating or building
         target_mismatch(model, manifest, env.version or "0")
         here = target_of_version(env.version or "0")
         if target is not None and target != here:
-            raise VitdeployError(f"--target {target}, but this is TensorRT {env.version} ({here}): build with "
+            raise TargetMismatch(f"--target {target}, but this is TensorRT {env.version} ({here}): build with "
                                  f"--target {here} here, or on a device with {target}")
         target = here
     elif target is None:
@@ -139,7 +136,7 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
     if env.missing is None:  # a parser that cannot read the opset: say so before calibrating or building
         problem = opset_problem(source.opset, env.version or "0")
         if problem:
-            raise VitdeployError(f"{plan.artifact}: {problem}")
+            raise OpsetTooNew(f"{plan.artifact}: {problem}")
     made, art = make_artifact(plan, source, Path(o.calib), emit, target)
     build = BuildSpec(plan.artifact, plan.engine, art.input.name, list(art.input.dims), profile, plan.precision,
                       o.workspace, o.timing_cache, o.dla_core, o.version_compatible)
@@ -147,7 +144,7 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
         raise EngineNotBuilt(plan.artifact, made, env.missing, finish_commands(build, art.opset))
     problem = opset_problem(art.opset, env.version or "0")
     if problem:
-        raise VitdeployError(f"{plan.artifact} is written, but {problem}")
+        raise OpsetTooNew(f"{plan.artifact} is written, but {problem}")
     notes = {"artifact_check": made["check"]} if made and made.get("check") else None  # against FP32, under ORT
     built = compile_engine(build, env, art.manifest, art.model, emit, notes)
     return BuildResult(built.engine, built.sidecar, plan.artifact, built.record, made)
@@ -156,9 +153,18 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
 def kept_guard(artifact: Path) -> None:
     """Refuse to replace an INT8 artifact that `calibrate` checked with the accuracy guard by an unguarded one."""
     try:
-        guard = OnnxArtifact.open_manifest(artifact).extra.get("guard")
+        manifest = OnnxArtifact.open_manifest(artifact)
     except VitdeployError:
         return  # not a vitdeploy model: replaced as any stale output
+    guard = manifest.extra.get("guard")
+    if guard and is_stale(artifact, manifest):  # guarded, but from an earlier FP32 model: never built silently
+        budget = "".join(f" --{k.replace('_points', '').replace('_', '-')} {guard[k]}" for k in ("max_drop_points", "min_agreement")
+                         if guard.get(k) is not None)
+        fp32 = artifact.parent / str((manifest.source or {}).get("artifact") or "model.onnx")
+        raise StaleArtifact(
+            f"{artifact} was calibrated with the accuracy guard from an earlier {fp32.name}: re-make it with "
+            f"`vitdeploy calibrate {fp32} --eval {guard.get('eval', 'DIR')}{budget}`, then build it"
+        )
     if guard:
         raise UsageError(
             f"{artifact} exists and was calibrated with the accuracy guard: build it as it is "
@@ -220,7 +226,7 @@ def target_mismatch(model: Path, manifest: Manifest, trt_version: str) -> None:
         return
     here = target_of_version(trt_version)
     if made_for != here:
-        raise VitdeployError(
+        raise TargetMismatch(
             f"{model} was made for {made_for}, this is TensorRT {trt_version} ({here}): re-make it with "
             f"`{remake_command(model, manifest, here)}`"
         )

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from vitdeploy.checks.parity import PARITY_BATCHES, ParityReport, validate_parity
 from vitdeploy.core.artifact import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, OnnxArtifact
-from vitdeploy.core.errors import ParityError, UsageError, VitdeployError
+from vitdeploy.core.errors import OpsetTooNew, ParityError, UsageError, VitdeployError
 from vitdeploy.core.fileio import source_sha256, temp_dir_beside
 from vitdeploy.core.manifest import Manifest, set_onnx_manifest, tool_versions
 from vitdeploy.core.targets import TargetFacts, resolve_target
@@ -100,7 +100,7 @@ def check_target(target: str | None, opset: int) -> TargetFacts | None:
     if facts is None:
         return None
     if facts.max_opset is not None and opset > facts.max_opset:
-        raise VitdeployError(f"--opset {opset} is above {facts.max_opset}, the highest opset {facts.name}'s parser reads: "
+        raise OpsetTooNew(f"--opset {opset} is above {facts.max_opset}, the highest opset {facts.name}'s parser reads: "
                              f"choose --opset {MIN_OPSET}..{facts.max_opset}")
     if not facts.layernorm_op and opset > MIN_OPSET:
         raise VitdeployError(f"--target {facts.name} writes LayerNorm in primitive ops at opset {MIN_OPSET}: "

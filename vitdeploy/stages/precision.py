@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vitdeploy.core.artifact import OnnxArtifact
-from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.errors import OpsetTooNew, UsageError, VitdeployError
 from vitdeploy.core.fileio import write_text_atomic
 from vitdeploy.core.manifest import Manifest, tool_versions
 from vitdeploy.core.naming import calib_cache_name, precision_name
@@ -136,7 +136,7 @@ def _fit_graph(model: Any, facts: TargetFacts | None, src: Path) -> None:
     if facts is None:
         return
     if facts.max_opset is not None and opset(model) > facts.max_opset:
-        raise VitdeployError(f"{src} is ONNX opset {opset(model)}; {facts.name}'s parser reads opsets up to "
+        raise OpsetTooNew(f"{src} is ONNX opset {opset(model)}; {facts.name}'s parser reads opsets up to "
                              f"{facts.max_opset}: re-export it with `vitdeploy export --target {facts.name}`")
     if not facts.layernorm_op:
         decompose_layernorm(model)
@@ -164,7 +164,8 @@ def _images_key(files: list[Path]) -> str:
     h = hashlib.sha256()
     for f in files:
         st = f.stat()
-        h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        # a name's own bytes (surrogateescape: b'bad\xff.png' is a legal Linux name, not UTF-8)
+        h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 
