@@ -50,7 +50,7 @@ def test_info_on_onnx_walks_the_lineage_and_sees_a_changed_source(chain: Path, t
         f.write(b"retrained")
     r = runner.invoke(app, ["info", str(tmp_path / "model.onnx")])
     assert r.exit_code == 0, r.output
-    assert "ckpt.pth (stale)" in r.output and "stale: ckpt.pth changed since model.onnx was made from it" in r.output
+    assert "ckpt.pth (stale)" in r.output and "stale: ckpt.pth changed since model.onnx was made from it; re-make it: `vitdeploy export" in r.output
     (tmp_path / "model.onnx").unlink()
     r = runner.invoke(app, ["info", str(tmp_path / "model.fp16.onnx"), "--json", "-"])
     assert json.loads(r.stdout)[0]["lineage"][0]["state"] == "missing"

@@ -108,23 +108,19 @@ def _sha(path: Path) -> str:
 
 
 def lineage(path: Path, m: Manifest) -> list[Link]:
-    """The chain from ``path`` back through each recorded source beside it, each link checked."""
+    """The chain from ``path`` back through each recorded source beside it, each link checked (core.lineage)."""
+    from vitdeploy.core.lineage import UNRECORDED, source_link
+
     links: list[Link] = []
     seen = {path.resolve()}
     cur, man = path, m
     for _ in range(MAX_DEPTH):
-        name = _source_name(man)
-        if name is None:
+        lk = source_link(cur, man)
+        if lk.status == UNRECORDED or lk.source is None:
             break
-        recorded = man.source.get("sha256")
-        src = cur.parent / name
-        if not src.exists():
-            links.append(Link(cur.name, name, recorded, None, "missing"))
-            break
-        actual = _sha(src)
-        state = "unrecorded" if not recorded else ("current" if actual == recorded else "stale")
-        links.append(Link(cur.name, name, recorded, actual, state))
-        if src.resolve() in seen:
+        links.append(Link(cur.name, lk.source.name, lk.recorded_sha256, lk.actual_sha256, lk.status))
+        src = lk.source
+        if lk.actual_sha256 is None or src.resolve() in seen:
             break
         seen.add(src.resolve())
         try:
@@ -196,11 +192,25 @@ def describe(i: ArtifactInfo) -> list[str]:
             lines.append("  lineage        none recorded (made from a dataset or imported)")
     for lk in i.files:
         lines.append(f"  packed         {lk.source}: {lk.state}")
-    for lk in [*i.lineage, *i.files]:
+    for lk in i.lineage:
         if lk.state == "stale":
-            lines.append(f"  stale: {lk.source} changed since {lk.artifact} was made from it; re-make {lk.artifact}")
+            lines.append(f"  stale: {lk.source} changed since {lk.artifact} was made from it; re-make it: "
+                         f"`{_remake(i.path.parent / lk.artifact)}`")
+    for lk in i.files:
+        if lk.state == "stale":
+            lines.append(f"  stale: {lk.source} changed since the bundle was packed; re-make the bundle")
     versions = ", ".join(f"{k} {v}" for k, v in m.versions.items() if not isinstance(v, (dict, list)))
     if versions:
         lines.append(f"  versions       {versions}")
     return lines
 
+
+
+def _remake(artifact: Path) -> str:
+    """The one command that re-makes a stale artifact (core.lineage), or a plain hint where it cannot say."""
+    from vitdeploy.core.lineage import remake_command
+
+    try:
+        return remake_command(artifact, read(artifact, kind_of(artifact)))
+    except Exception:  # noqa: BLE001 - a hint only
+        return f"re-make {artifact.name} from its source"
