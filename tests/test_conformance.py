@@ -171,6 +171,7 @@ def test_8x_builds_obey_the_graph_precision(made: Any, tmp_path: Path, monkeypat
     """FP16/INT8 builds on 8.x, through the facts-built mock: every LayerNorm layer (one op on 8.6, spelled out on
     8.5), Softmax and reduction is pinned to FP32 (precision and output types) and OBEY_PRECISION_CONSTRAINTS is
     set (defect 3: without them the float32 islands are only hints). 10.x (strongly typed) gets neither."""
+    import fake_libcuda
     from test_engine_mock_tensorrt import FakeHostCuda
 
     from vitdeploy.graph.fp16 import fp32_islands
@@ -182,6 +183,7 @@ def test_8x_builds_obey_the_graph_precision(made: Any, tmp_path: Path, monkeypat
     calls: list[tuple] = []
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(version, calls))
     monkeypatch.setattr(cuda, "CudaRuntime", lambda *a, **k: FakeHostCuda())
+    fake_libcuda.install(monkeypatch)  # the driver lists the GPU (the GPU probe asks libcuda)
     build_engine(tmp_path / src.name, BuildOptions(out=tmp_path / "m.engine"))
     flags = [c[1] for c in calls if c[0] == "flag"]
     pinned = {c[1] for c in calls if c[0] == "precision" and c[2] == "FLOAT"}
@@ -500,6 +502,7 @@ def test_build_engine_makes_the_artifact_for_the_tensorrt_it_finds(made: Any, di
     """build-engine --fp16/--int8 from the default export, through the facts-built mock: the artifact is made for the
     TensorRT found (8.5: LayerNorm spelled out, which 8.5's parser needs; 10: float16 scales) and the engine builds.
     Asking for another target there is one line naming both."""
+    import fake_libcuda
     from test_engine_mock_tensorrt import FakeHostCuda
 
     from vitdeploy.core.errors import VitdeployError
@@ -510,6 +513,7 @@ def test_build_engine_makes_the_artifact_for_the_tensorrt_it_finds(made: Any, di
     calls: list[tuple] = []
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(version, calls))
     monkeypatch.setattr(cuda, "CudaRuntime", lambda *a, **k: FakeHostCuda())
+    fake_libcuda.install(monkeypatch)  # the driver lists the GPU (the GPU probe asks libcuda)
     other = "trt10" if target == "trt8.5" else "trt8.5"
     with pytest.raises(VitdeployError) as e:
         build_engine(tmp_path / "model.onnx", BuildOptions(fp16=True, target=other, calib=digits_folder / "train"))

@@ -46,7 +46,8 @@ def test_doctor_here_says_tensorrt_and_gpu_are_missing() -> None:
     assert rep.cuda["available"] is False and rep.cuda["gpus"] == []
     assert rep.jetson["is_jetson"] is False and rep.dla["cores"] == 0
     works = {c["command"]: c for c in rep.commands}
-    assert works["build-engine"]["works"] == "partly" and "no TensorRT" in works["build-engine"]["why"]
+    assert works["build-engine"]["works"] == "partly"
+    assert works["build-engine"]["why"].endswith(f"{rep.tensorrt['why']}, and {rep.cuda['why']}")  # build-engine's words
     assert works["infer / verify / benchmark"]["works"] == "partly"
     assert works["bundle"]["works"] == "yes" and works["export"]["works"] == "yes"
     assert works["train"]["works"] == "partly" and "CPU only" in works["train"]["why"]
@@ -68,6 +69,25 @@ def test_cli_doctor_screen_and_json(tmp_path: Path) -> None:
     out = tmp_path / "doctor.json"
     r = CliRunner().invoke(app, ["doctor", "--json", str(out)])
     assert r.exit_code == 0 and json.loads(out.read_text())["python"]["version"] == sys.version.split()[0]
+
+
+def test_doctor_through_a_pipe_is_plain_words_and_lists_every_backend(tmp_path: Path) -> None:
+    """No markup text such as `[yellow]partly[/]` reaches a pipe; OpenVINO (the default CPU backend) is listed."""
+    import re
+
+    r = subprocess.run([sys.executable, "-m", "vitdeploy", "doctor"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert not re.search(r"\[/?(green|yellow|red|bold)[^\]]*\]|\[/\]", r.stdout), r.stdout
+    assert "\x1b[" not in r.stdout  # no colour codes either
+    rows = {line.split("│")[1].strip(): line for line in r.stdout.splitlines() if line.count("│") >= 4}
+    assert {"openvino", "onnxruntime", "tensorrt", "torch"} <= set(rows)
+    works = {c["command"]: c["works"] for c in doctor().commands}
+    assert all(f" {w} " in next(line for line in r.stdout.splitlines() if f"│ {c} " in line) for c, w in works.items())
+    d = json.loads(subprocess.run([sys.executable, "-m", "vitdeploy", "doctor", "--json", "-"], capture_output=True,
+                                  text=True, timeout=300).stdout)
+    ov = next(b for b in d["backends"] if b["backend"] == "openvino")
+    assert ov["available"] == (d["packages"]["openvino"] is not None)
+    assert ("ONNX models on the CPU" in ov["auto_picks"]) == ov["available"]
 
 
 def test_doctor_does_not_import_torch() -> None:

@@ -3,6 +3,7 @@
 from vitdeploy.cli import bench as _bench  # noqa: F401
 from vitdeploy.cli import bundle as _bundle  # noqa: F401
 from vitdeploy.cli import conformance as _conformance  # noqa: F401
+from vitdeploy.cli import doctor as _doctor  # noqa: F401
 from vitdeploy.cli import engine as _engine  # noqa: F401
 from vitdeploy.cli import explain as _explain  # noqa: F401
 from vitdeploy.cli import export as _export  # noqa: F401

@@ -1,4 +1,4 @@
-"""`vitdeploy bundle`, `vitdeploy doctor`."""
+"""`vitdeploy bundle` (`vitdeploy doctor` is in cli/doctor.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.text import Text
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors, say_target, styled
+from vitdeploy.cli.app import app, console, err_console, handle_errors, say_target
 from vitdeploy.cli.options import IMAGES_ALIAS_HELP, TARGET_NAMES
 
 
@@ -64,72 +63,3 @@ def bundle(
     console.print(f"reference images: {result.reference_source}", highlight=False, soft_wrap=True)
     console.print(f"next, on the device: cd {result.out} && ./build_engine.sh && python3 run.py --check", highlight=False,
                   soft_wrap=True)
-
-
-@app.command()
-@handle_errors
-def doctor(
-    json_out: Optional[str] = typer.Option(None, "--json", metavar="FILE", help="Also write the report as JSON to FILE ('-': stdout only)."),
-) -> None:
-    """What this machine can do: Python packages, ONNX Runtime providers, TensorRT, GPU, Jetson/JetPack, DLA, and which commands work."""
-    from rich.table import Table
-
-    from vitdeploy.core.fileio import names_stdout, strict_json, write_text_atomic
-    from vitdeploy.tools.doctor import doctor as run_doctor
-
-    if names_stdout(json_out):  # '-', /dev/stdout, /proc/self/fd/1: the JSON alone, on stdout
-        json_out = "-"
-    if json_out and json_out != "-":
-        from vitdeploy.core.fileio import check_output
-
-        check_output(json_out, option="--json")
-    rep = run_doctor()
-    d = rep.to_dict()
-    if json_out == "-":
-        typer.echo(strict_json(d))
-        return
-    if json_out:
-        write_text_atomic(json_out, strict_json(d) + "\n")
-
-    t = Table(title="this machine", show_header=False, title_justify="left")
-    t.add_column(style="bold")
-    t.add_column()
-    py = rep.python
-    t.add_row("python", f"{py['version']} ({py['machine']}, {py['system']})")
-    t.add_row("packages", "  ".join(f"{k} {v}" for k, v in rep.packages.items() if v) or "—")
-    o = rep.onnxruntime
-    t.add_row("onnxruntime", f"{o['version']}: {', '.join(o['providers'])}" if o["available"] else styled("missing:", "red", o["why"]))
-    r = rep.tensorrt
-    trt = Text(f"{r['version']}") if r["available"] else styled("missing:", "red", r["why"])
-    trt.append(f"; trtexec {r['trtexec']}" if r.get("trtexec") else "; no trtexec")
-    t.add_row("tensorrt", trt)
-    c = rep.cuda
-    if c["available"]:
-        gpus = "; ".join(f"{g['name']} (compute {g['compute_capability']}, {g['memory_gib']} GiB)" for g in c["gpus"])
-        t.add_row("gpu", f"{gpus}; driver CUDA {c['driver_cuda_version']}" + (f", driver {c['driver_version']}" if c.get("driver_version") else ""))
-    else:
-        t.add_row("gpu", styled("missing:", "red", c["why"]))
-    j = rep.jetson
-    if j["is_jetson"]:
-        jp = f"JetPack {j['jetpack']} (TensorRT {j['jetpack_tensorrt']})" if j.get("jetpack") else "JetPack unknown for this L4T"
-        t.add_row("jetson", f"{j.get('model') or 'Jetson'}; L4T {j.get('l4t') or '?'}; {jp}")
-    else:
-        t.add_row("jetson", "no")
-    t.add_row("dla", f"{rep.dla['cores']} core(s)")
-    tg = rep.target
-    if tg.get("target"):
-        dla = {True: "DLA", False: "no DLA", "unconfirmed": "DLA unconfirmed"}.get(tg["dla"], "")
-        kinds = ", ".join(f"{k} {v if v == 'yes' else 'artifact only'}" for k, v in tg["engines"].items())
-        t.add_row("target", f"{tg['target']} (TensorRT {tg['tensorrt']}, {tg['from']}; opset ≤ {tg['max_opset']}; {dla}); "
-                  f"engines: {kinds}")
-    else:
-        t.add_row("target", f"none: {tg.get('why', '')}")
-    console.print(t, highlight=False, soft_wrap=True)
-    ct = Table(title="vitdeploy commands here", title_justify="left")
-    ct.add_column("command")
-    ct.add_column("works")
-    ct.add_column("")
-    colour = {"yes": "green", "partly": "yellow", "no": "red"}
-    for row in rep.commands:
-        ct.add_row(row["command"], f"[{colour[row['works']]}]{row['works']}[/]", row["why"])
-    console.print(ct, highlight=False, soft_wrap=True)

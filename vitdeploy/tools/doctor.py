@@ -1,15 +1,15 @@
-"""What this machine can do: Python packages, ONNX Runtime providers, TensorRT, CUDA GPU, Jetson, DLA.
+"""What this machine can do: Python packages, the backends ``auto`` would pick (OpenVINO, ONNX Runtime, TensorRT,
+torch), CUDA GPU, Jetson, DLA, and which commands work.
 
 Nothing here imports torch or tensorrt unless it has to: versions come from
-package metadata, the GPU from the CUDA driver through ctypes (the same call
-works on a Jetson, where nvidia-smi may be missing), the Jetson release from
-/etc/nv_tegra_release, the device tree and dpkg. Every probe returns what it
-found and why not, never raises.
+package metadata, the GPU from the one GPU probe (``runners/tensorrt/cuda.gpu_probe``: the CUDA driver through
+ctypes, which works on a Jetson, where nvidia-smi may be missing, and says "no GPU" in the words build-engine,
+infer and benchmark use), the Jetson release from /etc/nv_tegra_release, the device tree and dpkg. Every probe
+returns what it found and why not, never raises.
 """
 
 from __future__ import annotations
 
-import ctypes
 import glob
 import os
 import platform
@@ -35,7 +35,8 @@ L4T_JETPACK = [
     ("38.2", "7.0", "10.13 (unconfirmed)"),
 ]
 
-PACKAGES = ("numpy", "pillow", "torch", "onnx", "onnxruntime", "onnxruntime-gpu", "tensorrt", "cuda-python", "pycuda", "tritonclient")
+PACKAGES = ("numpy", "pillow", "torch", "onnx", "onnxruntime", "onnxruntime-gpu", "openvino", "tensorrt", "cuda-python",
+            "pycuda", "tritonclient")
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Report:
     dla: dict[str, Any]
     commands: list[dict[str, str]] = field(default_factory=list)
     target: dict[str, Any] = field(default_factory=dict)
+    backends: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,7 +86,7 @@ def probe_tensorrt() -> dict[str, Any]:
     libs = sorted(glob.glob("/usr/lib/*-linux-gnu/libnvinfer.so.*")) + sorted(glob.glob("/usr/lib/libnvinfer.so.*"))
     if libs:
         out["libnvinfer"] = libs[-1]
-    from vitdeploy.runners.tensorrt.versions import import_tensorrt
+    from vitdeploy.runners.tensorrt.probe import import_tensorrt
 
     trt = import_tensorrt()
     if isinstance(trt, str):
@@ -102,45 +104,16 @@ def probe_tensorrt() -> dict[str, Any]:
     return out
 
 
-def _cuda_driver() -> Any | None:
-    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    return None
-
-
 def probe_cuda() -> dict[str, Any]:
-    """CUDA driver version and GPUs with their compute capability, from libcuda (works on Jetson too)."""
-    lib = _cuda_driver()
-    if lib is None:
-        return {"available": False, "why": "no CUDA driver (libcuda.so.1 not found): no NVIDIA GPU usable here", "gpus": []}
-    rc = lib.cuInit(0)
-    if rc != 0:
-        return {"available": False, "why": f"CUDA driver present but cuInit failed (error {rc}): no usable GPU", "gpus": []}
-    ver = ctypes.c_int(0)
-    lib.cuDriverGetVersion(ctypes.byref(ver))
-    count = ctypes.c_int(0)
-    lib.cuDeviceGetCount(ctypes.byref(count))
-    gpus = []
-    for i in range(count.value):
-        dev = ctypes.c_int(0)
-        lib.cuDeviceGet(ctypes.byref(dev), i)
-        name = ctypes.create_string_buffer(256)
-        lib.cuDeviceGetName(name, 256, dev)
-        major, minor = ctypes.c_int(0), ctypes.c_int(0)
-        lib.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
-        lib.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)
-        mem = ctypes.c_size_t(0)
-        lib.cuDeviceTotalMem_v2(ctypes.byref(mem), dev)
-        gpus.append({"index": i, "name": name.value.decode(errors="replace"), "compute_capability": f"{major.value}.{minor.value}",
-                     "memory_gib": round(mem.value / 2**30, 1)})
-    v = ver.value
-    out: dict[str, Any] = {"available": bool(gpus), "driver_cuda_version": f"{v // 1000}.{(v % 1000) // 10}", "gpus": gpus}
-    if not gpus:
-        out["why"] = "CUDA driver present but no GPU found"
-    smi = shutil.which("nvidia-smi")
+    """The GPUs and driver CUDA version, from the one GPU probe (libcuda: works on a Jetson, where nvidia-smi may be
+    missing); ``why`` is the same reason build-engine, infer and benchmark give."""
+    from vitdeploy.runners.tensorrt.cuda import gpu_list, gpu_probe
+
+    found = gpu_probe()
+    if not found.available:
+        return {"available": False, "why": found.why, "gpus": [], "driver_cuda_version": found.driver_cuda_version}
+    out: dict[str, Any] = {"available": True, "driver_cuda_version": found.driver_cuda_version, "gpus": gpu_list(found)}
+    smi = shutil.which("nvidia-smi")  # the driver's own version, where nvidia-smi is (not on every Jetson)
     if smi:
         try:
             r = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
@@ -218,12 +191,43 @@ def probe_dla(root: str | Path = "/", tensorrt_ok: bool = False) -> dict[str, An
     return {"cores": len(nodes), "from": "device nodes"}
 
 
+def engine_missing(trt: dict[str, Any], cuda: dict[str, Any]) -> str | None:
+    """Why no engine is built or run here, worded as build-engine words it (runners/tensorrt/probe.probe), or None."""
+    why = [str(d.get("why") or "unavailable") for d in (trt, cuda) if not d.get("available")]
+    return ", and ".join(why) or None
+
+
+def probe_backends(pk: dict[str, str | None], ort_info: dict[str, Any], trt: dict[str, Any],
+                   cuda: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every backend, whether it runs here, and which artifacts ``auto`` gives it (runners.default_backend, infer's
+    auto-pick): OpenVINO for ONNX on the CPU where installed, else ONNX Runtime; TensorRT for engines only where
+    TensorRT and a GPU are; torch for checkpoints."""
+    from vitdeploy.runners.openvino.loader import INSTALL_HINT, openvino_installed
+
+    ov = openvino_installed()
+    ort_ok = bool(ort_info.get("available"))
+    engine_why = engine_missing(trt, cuda)
+    rows = [
+        {"backend": "openvino", "available": ov, "version": pk.get("openvino"),
+         "auto_picks": "ONNX models on the CPU" if ov else "", "why": None if ov else f"not installed: {INSTALL_HINT}"},
+        {"backend": "onnxruntime", "available": ort_ok, "version": ort_info.get("version"),
+         "auto_picks": ("ONNX models with --device cuda" if ov else "ONNX models") if ort_ok else "",
+         "why": None if ort_ok else ort_info.get("why")},
+        {"backend": "tensorrt", "available": engine_why is None, "version": trt.get("version"),
+         "auto_picks": "engines (first, before any ONNX model)" if engine_why is None else "",
+         "why": engine_why},
+        {"backend": "torch", "available": pk.get("torch") is not None, "version": pk.get("torch"),
+         "auto_picks": "checkpoints" if pk.get("torch") else "", "why": None if pk.get("torch") else "not installed"},
+    ]
+    return rows
+
+
 def command_support(pk: dict[str, str | None], ort_info: dict[str, Any], trt: dict[str, Any], cuda: dict[str, Any]) -> list[dict[str, str]]:
-    """Which vitdeploy commands work here: 'yes', 'partly' or 'no', and why."""
+    """Which vitdeploy commands work here: 'yes', 'partly' or 'no', and why (engines: build-engine's own reason)."""
     torch, onnx_ok, ort_ok = pk.get("torch") is not None, pk.get("onnx") is not None, ort_info.get("available", False)
-    gpu, trt_ok = cuda.get("available", False), trt.get("available", False)
-    engine_ok = gpu and trt_ok
-    engine_why = "no TensorRT" if not trt_ok else "no CUDA GPU"
+    gpu = cuda.get("available", False)
+    engine_why = engine_missing(trt, cuda)
+    engine_ok = engine_why is None
     rows: list[tuple[str, str, str]] = []
 
     def add(cmd: str, ok: bool, why_not: str, partly: bool = False, partly_why: str = "", why_ok: str = "") -> None:
@@ -235,10 +239,10 @@ def command_support(pk: dict[str, str | None], ort_info: dict[str, Any], trt: di
     add("export", torch and onnx_ok, "needs torch and onnx", why_ok="checkpoint → ONNX")
     add("calibrate / convert-fp16", onnx_ok and ort_ok, "needs onnx and onnxruntime", why_ok="INT8 Q/DQ and FP16 ONNX, measured on ONNX Runtime")
     add("build-engine", onnx_ok, "needs onnx", partly=not engine_ok,
-        partly_why=f"writes the INT8/FP16 ONNX, not the engine ({engine_why}): exit 3", why_ok="TensorRT engine for this GPU")
+        partly_why=f"writes the INT8/FP16 ONNX, not the engine (exit 3): {engine_why}", why_ok="TensorRT engine for this GPU")
     runs = [n for n, ok in (("checkpoints", torch), ("ONNX", ort_ok), ("engines", engine_ok)) if ok]
     add("infer / verify / benchmark", bool(runs), "needs torch, onnxruntime or TensorRT", partly=not engine_ok,
-        partly_why=f"on {', '.join(runs)}; not engines ({engine_why})", why_ok="checkpoints, ONNX and engines")
+        partly_why=f"on {', '.join(runs)}; not engines: {engine_why}", why_ok="checkpoints, ONNX and engines")
     add("bundle", onnx_ok and ort_ok, "needs onnx and onnxruntime", why_ok="Jetson bundle, Triton repository, DeepStream config")
     add("doctor", True, "", why_ok="this report")
     return [{"command": c, "works": s, "why": w} for c, s, w in rows]
@@ -291,4 +295,4 @@ def doctor(root: str | Path = "/") -> Report:
     py = {"version": platform.python_version(), "executable": sys.executable, "machine": platform.machine(),
           "system": f"{platform.system()} {platform.release()}"}
     return Report(py, pk, ort_info, trt, cuda, jet, dla, command_support(pk, ort_info, trt, cuda),
-                  machine_target(trt, cuda, jet))
+                  machine_target(trt, cuda, jet), probe_backends(pk, ort_info, trt, cuda))

@@ -1,4 +1,5 @@
-"""A small ctypes binding to the CUDA runtime (libcudart): what the TensorRT runner and builder need.
+"""Small ctypes bindings to the CUDA driver (libcuda: is there a GPU?) and runtime (libcudart: what the TensorRT
+runner and builder need).
 
 No torch, no pycuda build, no cuda-python: a Jetson has libcudart from JetPack, a pip TensorRT pulls
 ``nvidia-cuda-runtime-cu12``, a workstation has the toolkit. Set ``VITDEPLOY_CUDART`` to the library's
@@ -11,7 +12,9 @@ import ctypes
 import glob
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +23,7 @@ from vitdeploy.core.errors import VitdeployError
 # cudaMemcpyKind
 H2D = 1
 D2H = 2
-# cudaDeviceAttr
+# cudaDeviceAttr, and the driver's CUdevice_attribute (cuda.h), which numbers them the same
 _ATTR_CC_MAJOR = 75
 _ATTR_CC_MINOR = 76
 _STREAM_NON_BLOCKING = 1
@@ -31,6 +34,106 @@ _SONAMES = ("libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.
 
 class CudaError(VitdeployError):
     """A CUDA runtime call failed or no CUDA runtime/GPU is here."""
+
+
+# ---------------------------------------------------------------- the driver (libcuda): is there a GPU?
+
+# Where the driver library is: its soname on Linux (Jetson included), nvcuda.dll on Windows; a path in
+# VITDEPLOY_LIBCUDA first (a driver outside the loader's path, or a stand-in library in tests).
+_LIBCUDA_NAMES = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
+LIBCUDA_ENV = "VITDEPLOY_LIBCUDA"
+
+# The words every command prints when there is no usable GPU (the reason follows in parentheses).
+NO_GPU = "no CUDA GPU"
+
+
+def load_libcuda() -> Any | None:
+    """The CUDA driver library, or None where none loads."""
+    names = [os.environ[LIBCUDA_ENV]] if os.environ.get(LIBCUDA_ENV) else []
+    for name in [*names, *_LIBCUDA_NAMES]:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+@dataclass(frozen=True)
+class GpuProbe:
+    """What the CUDA driver says: how many GPUs, and why none where there are none (``why`` is None then)."""
+
+    count: int
+    why: str | None = None
+    driver_cuda_version: str | None = None
+    lib: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def available(self) -> bool:
+        return self.count > 0
+
+
+def no_gpu(detail: str) -> str:
+    """The one wording of "no GPU here": ``no CUDA GPU (<detail>)``."""
+    return f"{NO_GPU} ({detail})"
+
+
+def _driver_error(lib: Any, rc: int) -> str:
+    """'CUDA_ERROR_NO_DEVICE (100)': the driver's own name for a CUresult where it gives one."""
+    name = ctypes.c_char_p()
+    try:
+        ok = int(lib.cuGetErrorName(rc, ctypes.byref(name))) == 0 and name.value
+    except AttributeError:
+        ok = False
+    return f"{name.value.decode(errors='replace')} ({rc})" if ok and name.value else f"error {rc}"
+
+
+def gpu_probe() -> GpuProbe:
+    """Ask the CUDA driver how many GPUs there are; never raises."""
+    lib = load_libcuda()
+    if lib is None:
+        return GpuProbe(0, no_gpu(f"no CUDA driver: {_LIBCUDA_NAMES[0]} not found"))
+    try:
+        rc = int(lib.cuInit(0))
+        if rc != 0:
+            return GpuProbe(0, no_gpu(f"the CUDA driver did not start: cuInit {_driver_error(lib, rc)}"), lib=lib)
+        ver = ctypes.c_int(0)
+        driver = None
+        if int(lib.cuDriverGetVersion(ctypes.byref(ver))) == 0 and ver.value > 0:
+            driver = f"{ver.value // 1000}.{(ver.value % 1000) // 10}"
+        count = ctypes.c_int(0)
+        rc = int(lib.cuDeviceGetCount(ctypes.byref(count)))
+    except AttributeError as e:  # a library named libcuda without the driver API
+        return GpuProbe(0, no_gpu(f"libcuda has no {str(e).split()[-1]}"))
+    if rc != 0:
+        return GpuProbe(0, no_gpu(f"cuDeviceGetCount {_driver_error(lib, rc)}"), driver, lib)
+    if count.value <= 0:
+        return GpuProbe(0, no_gpu("the CUDA driver lists no device"), driver, lib)
+    return GpuProbe(int(count.value), None, driver, lib)
+
+
+def gpu_list(found: GpuProbe | None = None) -> list[dict[str, Any]]:
+    """Every GPU the driver lists: index, name, compute capability and memory (doctor's and benchmark's listing)."""
+    g = found or gpu_probe()
+    if not g.available:
+        return []
+    lib, out = g.lib, []
+    for i in range(g.count):
+        dev = ctypes.c_int(0)
+        if int(lib.cuDeviceGet(ctypes.byref(dev), i)) != 0:
+            continue
+        name = ctypes.create_string_buffer(256)
+        lib.cuDeviceGetName(name, 256, dev)
+        major, minor = ctypes.c_int(0), ctypes.c_int(0)
+        lib.cuDeviceGetAttribute(ctypes.byref(major), _ATTR_CC_MAJOR, dev)
+        lib.cuDeviceGetAttribute(ctypes.byref(minor), _ATTR_CC_MINOR, dev)
+        mem = ctypes.c_size_t(0)
+        lib.cuDeviceTotalMem_v2(ctypes.byref(mem), dev)
+        out.append({"index": i, "name": name.value.decode(errors="replace"),
+                    "compute_capability": f"{major.value}.{minor.value}", "memory_gib": round(mem.value / 2**30, 1)})
+    return out
+
+
+# ---------------------------------------------------------------- the runtime (libcudart)
 
 
 def cudart_candidates() -> list[str]:
@@ -182,7 +285,16 @@ def host_array(ptr: int, shape: tuple[int, ...], dtype: np.dtype | type) -> np.n
 
 
 def gpu_info(device: int = 0) -> tuple[str, tuple[int, int], str] | str:
-    """(name, compute capability, CUDA runtime version) of a GPU, or why there is none, in words."""
+    """(name, compute capability, CUDA runtime version) of a GPU, or why there is none, in words.
+
+    The driver answers whether there is a GPU (``gpu_probe``, the reason every command prints); the runtime the
+    builder and runner use answers the rest, and says why it cannot reach a GPU the driver lists (e.g. a CUDA
+    runtime newer than the driver)."""
+    found = gpu_probe()
+    if found.why is not None:
+        return found.why
+    if device >= found.count:
+        return no_gpu(f"no CUDA device {device}: the driver lists {found.count}")
     try:
         rt = CudaRuntime()
     except CudaError as e:
@@ -190,9 +302,9 @@ def gpu_info(device: int = 0) -> tuple[str, tuple[int, int], str] | str:
     n = rt.device_count()
     if n == 0:
         why = getattr(rt, "last_error", "")
-        return "no CUDA GPU" + (f" ({why})" if why else "")
+        return f"the CUDA runtime sees no GPU though the driver lists {found.count}" + (f" ({why})" if why else "")
     if device >= n:
-        return f"no CUDA device {device} (this machine has {n})"
+        return f"the CUDA runtime sees no device {device} (it sees {n})"
     return (rt.device_name(device), rt.compute_capability(device), rt.runtime_version())
 
 

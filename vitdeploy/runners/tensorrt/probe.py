@@ -1,83 +1,20 @@
 """The one answer to "is there a CUDA GPU / TensorRT here?", for build-engine, doctor, infer and benchmark.
 
-The GPU question is asked of the CUDA driver library (libcuda: ``cuInit`` + ``cuDeviceGetCount`` through ctypes),
-which every Jetson and every machine with an NVIDIA driver has; ``nvidia-smi`` may be missing on a Jetson, and
-the CUDA runtime (libcudart) may be missing where the driver is. One function words every "no GPU" reason, so
-each command says the same thing. No torch, no tensorrt import until ``probe`` is asked about TensorRT.
+The GPU question is asked of the CUDA driver library (``cuda.gpu_probe``: libcuda's ``cuInit`` +
+``cuDeviceGetCount`` through ctypes), which every Jetson and every machine with an NVIDIA driver has;
+``nvidia-smi`` may be missing on a Jetson. One function words every "no GPU" reason (``cuda.no_gpu``), so each
+command says the same thing. No torch; tensorrt is imported only when ``probe``/``import_tensorrt`` ask for it.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-# Where the driver library is: its soname on Linux (Jetson included), nvcuda.dll on Windows; a path in
-# VITDEPLOY_LIBCUDA first (a driver outside the loader's path, or a stand-in library in tests).
-_LIBCUDA_NAMES = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
-LIBCUDA_ENV = "VITDEPLOY_LIBCUDA"
-
-# The words every command prints when there is no usable GPU (the reason follows in parentheses).
-NO_GPU = "no CUDA GPU"
-
-
-def load_libcuda() -> Any | None:
-    """The CUDA driver library, or None where none loads."""
-    names = [os.environ[LIBCUDA_ENV]] if os.environ.get(LIBCUDA_ENV) else []
-    for name in [*names, *_LIBCUDA_NAMES]:
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    return None
-
-
-@dataclass(frozen=True)
-class GpuProbe:
-    """What the CUDA driver says: how many GPUs, and why none where there are none (``why`` is None then)."""
-
-    count: int
-    why: str | None = None
-    driver_cuda_version: str | None = None
-    lib: Any = field(default=None, repr=False, compare=False)
-
-    @property
-    def available(self) -> bool:
-        return self.count > 0
-
-
-def no_gpu(detail: str) -> str:
-    """The one wording of "no GPU here": ``no CUDA GPU (<detail>)``."""
-    return f"{NO_GPU} ({detail})"
-
-
-def gpu_probe() -> GpuProbe:
-    """Ask the CUDA driver how many GPUs there are; never raises."""
-    lib = load_libcuda()
-    if lib is None:
-        return GpuProbe(0, no_gpu("no CUDA driver: libcuda.so.1 not found"))
-    try:
-        rc = int(lib.cuInit(0))
-        if rc != 0:
-            return GpuProbe(0, no_gpu(f"the CUDA driver did not start: cuInit error {rc}"), lib=lib)
-        ver = ctypes.c_int(0)
-        driver = None
-        if int(lib.cuDriverGetVersion(ctypes.byref(ver))) == 0 and ver.value > 0:
-            driver = f"{ver.value // 1000}.{(ver.value % 1000) // 10}"
-        count = ctypes.c_int(0)
-        rc = int(lib.cuDeviceGetCount(ctypes.byref(count)))
-    except AttributeError as e:  # a library named libcuda without the driver API
-        return GpuProbe(0, no_gpu(f"libcuda has no {str(e).split()[-1]}"))
-    if rc != 0:
-        return GpuProbe(0, no_gpu(f"cuDeviceGetCount error {rc}"), driver, lib)
-    if count.value <= 0:
-        return GpuProbe(0, no_gpu("the CUDA driver lists no device"), driver, lib)
-    return GpuProbe(int(count.value), None, driver, lib)
-
-
-# ---------------------------------------------------------------- TensorRT as well
+from vitdeploy.runners.tensorrt.cuda import NO_GPU as NO_GPU
+from vitdeploy.runners.tensorrt.cuda import GpuProbe as GpuProbe
+from vitdeploy.runners.tensorrt.cuda import gpu_info, gpu_probe
+from vitdeploy.runners.tensorrt.cuda import gpu_list as gpu_list
 
 
 @dataclass
@@ -114,8 +51,6 @@ def tensorrt_usable() -> bool:
 def probe(device: int = 0) -> TensorRTEnv:
     """TensorRT, the GPU (from the driver) and, where both are, the device's name and compute capability and the
     CUDA runtime version (from libcudart, which the builder and runner use)."""
-    from vitdeploy.runners.tensorrt.cuda import gpu_info
-
     trt = import_tensorrt()
     env = TensorRTEnv()
     missing: list[str] = []
@@ -123,7 +58,7 @@ def probe(device: int = 0) -> TensorRTEnv:
         missing.append(trt)
     else:
         env.trt, env.version = trt, str(trt.__version__)
-    info = gpu_info(device)
+    info = gpu_info(device)  # the driver's answer first (cuda.gpu_probe), then the runtime's
     if isinstance(info, str):
         missing.append(info)
     else:

@@ -19,10 +19,11 @@ from typing import Any
 
 from vitdeploy.core import trt_table
 from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.naming import PRECISION_SUFFIXES as PRECISION_SUFFIXES  # noqa: F401 - re-exported
+from vitdeploy.core.naming import base_stem as base_stem  # re-exported: callers import it from here
 from vitdeploy.runners.tensorrt.probe import import_tensorrt as import_tensorrt  # runner.py imports it here
 
 PRECISIONS = ("fp32", "fp16", "int8")
-PRECISION_SUFFIXES = tuple(f".{p}" for p in PRECISIONS)
 RECORD_KEY = "engine"  # the sidecar's top-level key for what TensorRT built
 
 
@@ -95,15 +96,6 @@ def make_profile(min_batch: int = 1, opt_batch: int = 8, max_batch: int = 32, dl
 
 
 # ---------------------------------------------------------------- which artifact the engine is built from
-
-
-def base_stem(path: Path) -> str:
-    """'model.int8.onnx' -> 'model'; 'model.onnx' -> 'model'."""
-    stem = Path(path).stem
-    for suf in PRECISION_SUFFIXES:
-        if stem.endswith(suf) and len(stem) > len(suf):
-            return stem[: -len(suf)]
-    return stem
 
 
 @dataclass(frozen=True)
