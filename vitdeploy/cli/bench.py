@@ -67,9 +67,12 @@ def benchmark(
     from vitdeploy.tools.bench import benchmark_preset, check_settings
 
     if not models and not preset:  # like infer: the folder's artifacts (raw-pixel variants left out)
-        from vitdeploy.tools.infer import candidate_models
+        from vitdeploy.tools.infer import candidate_models, stale_note
 
         models = [p for p in candidate_models(".") if not p.name.endswith(".raw.onnx")]
+        for why in filter(None, map(stale_note, models)):  # never measure a stale artifact silently
+            err_console.print(why, highlight=False, markup=False)
+        models = [p for p in models if not stale_note(p)]
         if models:
             err_console.print("measuring the artifacts here: " + ", ".join(p.name for p in models), highlight=False)
     to_stdout = names_stdout(json_file)

@@ -32,6 +32,8 @@ def bundle(
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=f"What the bundle is for: {TARGET_NAMES}. Every model must "
                                          "have been made for it. Default: the models' own target."),
+    int8: bool = typer.Option(False, "--int8", help="From a checkpoint: make (or reuse) the INT8 model only, besides FP32."),
+    fp16: bool = typer.Option(False, "--fp16", help="From a checkpoint: make (or reuse) the FP16 model only, besides FP32."),
 ) -> None:
     """Write a self-contained folder for a Jetson, Triton or DeepStream: ONNX + raw-pixel variants, labels, run.py, build_engine.sh."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -46,6 +48,20 @@ def bundle(
     if precision is not None and precision not in PRECISIONS:
         raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     check_output(out, models or [], kind="dir")
+    prepared = None
+    if models and len(models) == 1 and models[0].suffix in (".pth", ".pt"):
+        # one command from a checkpoint: export, INT8 and FP16 beside it (reused while current), verify, pack
+        from vitdeploy.stages.bundle import prepare
+
+        with Progress(SpinnerColumn(), TextColumn("[bold]bundle[/] {task.description}"), TimeElapsedColumn(),
+                      console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
+            task = prog.add_task("starting", total=None)
+            prepared = prepare(models[0], check_images[0] if check_images else None, target,
+                               int8=int8 or not fp16, fp16=fp16 or not int8,
+                               say=lambda msg: prog.update(task, description=msg))
+        models = prepared.models
+    elif int8 or fp16:
+        raise UsageError("--int8/--fp16 choose what to make from a checkpoint: pass CKPT (or the ONNX models themselves)")
     opts = BundleOptions(
         name=name, precision=precision, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
         check_images=tuple(check_images or ()), references=references, force=force, target=target,
@@ -61,5 +77,34 @@ def bundle(
     )
     console.print(f"raw-pixel variants agree with their sources (max |Δlogit| relative): {errs}", highlight=False, soft_wrap=True)
     console.print(f"reference images: {result.reference_source}", highlight=False, soft_wrap=True)
+    for note in result.notes:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
+    if prepared is not None:
+        _receipt(prepared, result)
     console.print(f"next, on the device: cd {result.out} && ./build_engine.sh && python3 run.py --check", highlight=False,
                   soft_wrap=True)
+    if len(result.matrix) > 1:
+        console.print("build_engine.sh finds the TensorRT version and builds the file made for it "
+                      f"(see {result.out}/README.md; ./build_engine.sh --dry-run --trt 8.5 shows the line)",
+                      highlight=False, soft_wrap=True)
+
+
+def _receipt(prepared: object, result: object) -> None:
+    """One table: artifact | target | top-1 | drop | agreement | size (what was made, reused and measured)."""
+    from rich.table import Table
+
+    from vitdeploy.stages.bundle import BundleResult, Prepared
+
+    assert isinstance(prepared, Prepared) and isinstance(result, BundleResult)
+    t = Table(title="receipt", title_justify="left")
+    for col in ("artifact", "target", "top-1", "drop", "agreement", "size", ""):
+        t.add_column(col)
+    for r in prepared.rows:
+        t.add_row(r["artifact"], r["target"],
+                  "—" if r["top1"] is None else f"{100 * r['top1']:.2f}%",
+                  "—" if r["drop"] is None else f"{r['drop']:+.2f} pts",
+                  "—" if r["agreement"] is None else f"{100 * r['agreement']:.2f}%",
+                  f"{r['size'] / 1e6:.2f} MB", "made" if r["artifact"] in prepared.made else "reused (current)")
+    console.print(t, highlight=False, soft_wrap=True)
+    for note in prepared.notes:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)

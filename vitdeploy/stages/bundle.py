@@ -21,21 +21,26 @@ from typing import Any
 
 import numpy as np
 
-from vitdeploy.checks.metrics import compare
-from vitdeploy.core.artifact import manifest_from_onnx
-from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.checks.compare import run_arrays, same_model
+from vitdeploy.checks.metrics import compare, require_finite
+from vitdeploy.core.artifact import OnnxArtifact
+from vitdeploy.core.errors import IncompatibleArtifact, StaleArtifact, UsageError, VitdeployError
 from vitdeploy.core.fileio import TMP_TAG, temp_dir_beside
+from vitdeploy.core.lineage import STALE, remake_command, source_link
 from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest, tool_versions
+from vitdeploy.core.naming import calib_cache_name
 from vitdeploy.core.preprocess import list_images, resized_uint8, to_array
-from vitdeploy.graph.embed import raw_batch, raw_variant_name, write_variant
+from vitdeploy.graph.embed import raw_batch
+from vitdeploy.runners.base import Runner
+from vitdeploy.stages.embed import raw_variant_name, write_variant
 
 FORMAT = "vitdeploy-bundle/1"
 PRECISIONS = ("fp32", "fp16", "int8")
+MAX_REFERENCES = 1000  # reference images run.py --check compares: enough for any check, bounded in size and time
 ONNX_NAMES = {"fp32": "model.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}
 # run.py --check passes when max|Δlogit| ≤ tol · max|reference logit| (TensorRT FP32 may use TF32)
 CHECK_TOLERANCE = {"fp32": 1e-2, "fp16": 3e-2, "int8": 1e-1}
 # the raw-pixel variant must equal its source on ONNX Runtime here (issue: ≤ 1e-4 relative for FP32)
-MAX_REFERENCES = 1000  # reference images run.py --check compares: enough for any check, bounded in size and time
 EMBED_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3, "int8": 1e-4}
 DS_NETWORK_MODE = {"fp32": 0, "int8": 1, "fp16": 2}
 DS_SCALING_FILTER = {"nearest": 0, "bilinear": 1, "bicubic": 2}
@@ -55,6 +60,7 @@ class BundleOptions:
     force: bool = False  # replace an existing bundle folder
     # what the bundle is for: every model given must have been made for it (None: the models' own, which must agree)
     target: str | None = None
+    remake: bool = True  # re-make a stale artifact from its current source with its recorded settings (else refuse)
 
 
 @dataclass
@@ -66,6 +72,10 @@ class BundleResult:
     embed_errors: dict[str, float] = field(default_factory=dict)
     reference_source: str = ""
     exported: bool = False
+    notes: list[str] = field(default_factory=list)
+    # TensorRT line -> precision -> the ONNX build_engine.sh builds there (a no-target bundle: a variant where needed)
+    matrix: dict[str, dict[str, str]] = field(default_factory=dict)
+    reference_runner: dict[str, str] = field(default_factory=dict)
 
 
 def triton_name(name: str) -> str:
@@ -74,10 +84,8 @@ def triton_name(name: str) -> str:
 
 
 def _onnx_io(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Input and output of an onnx.ModelProto (or of the ONNX file at a path)."""
-    import onnx
-
-    g = (onnx.load(str(model), load_external_data=False) if isinstance(model, (str, Path)) else model).graph
+    """Input and output of an onnx.ModelProto (or of the ONNX file at a path, read through its OnnxArtifact)."""
+    g = (OnnxArtifact.open(model).model if isinstance(model, (str, Path)) else model).graph
     inits = {i.name for i in g.initializer}
     (inp,) = [i for i in g.input if i.name not in inits]
     out = g.output[0]
@@ -89,14 +97,21 @@ def _onnx_io(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return desc(inp), desc(out)
 
 
-def resolve_models(
-    models: Sequence[str | Path], workdir: Path, cwd: Path | None = None
-) -> tuple[dict[str, Path], dict[str, Any], bool]:
-    """{precision: ONNX path}, {precision: the model, loaded once}; a checkpoint is exported into ``workdir``
-    first. True when something was exported."""
-    import onnx
+# --- which models, and are they current? -------------------------------------------------------------------
 
+
+def resolve_models(
+    models: Sequence[str | Path], workdir: Path, cwd: Path | None = None, remake: bool = True,
+    notes: list[str] | None = None,
+) -> tuple[dict[str, Path], dict[str, OnnxArtifact], bool]:
+    """{precision: ONNX path}, {precision: its OnnxArtifact, each read once}; a checkpoint is exported into
+    ``workdir`` first. True when something was exported.
+
+    Lineage: no stale artifact is returned. Each model is compared with the source its manifest records, the file
+    beside it (model.int8.onnx → model.onnx → ckpt.pth); a stale one is re-made where the recorded settings say how
+    (``remake``), else refused in one line naming it and the command that re-makes it (StaleArtifact, exit 1)."""
     cwd = cwd or Path.cwd()
+    notes = notes if notes is not None else []
     paths = [Path(m) for m in models]
     if not paths:
         paths = [cwd / n for n in ONNX_NAMES.values() if (cwd / n).exists()]
@@ -104,8 +119,7 @@ def resolve_models(
             paths = [cwd / "ckpt.pth"]
         if not paths:
             raise UsageError("nothing to bundle here: pass ONNX files or a checkpoint, or run `vitdeploy export` first")
-    found: dict[str, Path] = {}
-    loaded: dict[str, Any] = {}
+    opened: list[OnnxArtifact] = []
     exported = False
     for p in paths:
         if not p.exists():
@@ -117,25 +131,138 @@ def resolve_models(
         if p.suffix != ".onnx":
             p = _export(p, workdir)
             exported = True
-        try:
-            model = onnx.load(str(p))
-        except Exception as e:
-            raise VitdeployError(f"{p}: not a readable ONNX model ({type(e).__name__}); re-export it") from None
-        m = manifest_from_onnx(model, p)
+        art = OnnxArtifact.open(p)
+        m = art.manifest
         if m.extra.get("input", {}).get("preprocess_in_graph"):
             raise UsageError(f"{p}: a raw-pixel variant; pass the normal export, the bundle makes the variant")
         if m.precision not in PRECISIONS:
             raise VitdeployError(f"{p}: unknown precision {m.precision!r} in its manifest")
-        if m.precision in found:
-            raise UsageError(f"two {m.precision} models given ({found[m.precision]} and {p}); pass one per precision")
-        found[m.precision] = p
-        loaded[m.precision] = model
-    return found, loaded, exported
+        opened.append(art)
+    # the FP32 sources first: an INT8/FP16 model is judged against the model.onnx that is current itself
+    opened.sort(key=lambda a: a.manifest.precision != "fp32")
+    found: dict[str, Path] = {}
+    arts: dict[str, OnnxArtifact] = {}
+    for art in opened:
+        art = ensure_current(art, remake, notes)
+        prec = art.manifest.precision
+        if prec in found:
+            raise UsageError(f"two {prec} models given ({found[prec]} and {art.path}); pass one per precision")
+        found[prec] = art.path
+        arts[prec] = art
+    return found, arts, exported
+
+
+def ensure_current(art: OnnxArtifact, remake: bool = True, notes: list[str] | None = None) -> OnnxArtifact:
+    """``art`` when its lineage is current (or unrecorded/missing: nothing to compare with), else the artifact
+    re-made from the current source with the recorded settings; refused (StaleArtifact) where it cannot be.
+
+    An INT8/FP16 model's source model.onnx is first checked against its own source (ckpt.pth) and re-exported when
+    stale, so the chain is current from the checkpoint down."""
+    notes = notes if notes is not None else []
+    m = art.manifest
+    if m.precision != "fp32":
+        src = source_link(art.path, m).source
+        if src is not None and src.exists() and src.suffix == ".onnx":
+            ensure_current(OnnxArtifact.open(src), remake, notes)
+    link = source_link(art.path, m)
+    if link.status != STALE:
+        return art
+    assert link.source is not None
+    why = _cannot_remake(art, link.source) if remake else "re-making is off"
+    if why is not None:
+        raise StaleArtifact(
+            f"{art.path} is stale: it was made from an earlier {link.source.name} ({why}); nothing written: re-make it "
+            f"with `{remake_command(art.path, m)}`")
+    new = _remake(art, link.source, notes)
+    notes.append(f"{art.path} was stale (made from an earlier {link.source.name}): re-made it")
+    return new
+
+
+def _cannot_remake(art: OnnxArtifact, source: Path) -> str | None:
+    """Why ``art`` cannot be re-made here with its recorded settings (None: it can)."""
+    m = art.manifest
+    if m.precision == "fp32":
+        return None if source.suffix in (".pth", ".pt") else f"it was not exported from a checkpoint ({source.name})"
+    if m.precision == "fp16":
+        return None if "fp16" in m.extra else "no FP16 record in its manifest (not made by vitdeploy convert-fp16)"
+    q = m.extra.get("quantization")
+    if not isinstance(q, dict) or "method" not in q:
+        return "no calibration record in its manifest (not made by vitdeploy calibrate)"
+    if _calibration_folder(art) is None:
+        return "its calibration images are gone and no --images folder or calibration/ is here"
+    return None
+
+
+def _recorded_images(art: OnnxArtifact) -> list[Path]:
+    """The calibration images the INT8 model's cache records (model.int8.calib.json), where they all still exist;
+    a relative name is tried against the working folder and the model's folder."""
+    q = art.manifest.extra.get("quantization") or {}
+    cache = art.path.parent / str(q.get("calibration_cache") or calib_cache_name(art.path).name)
+    try:
+        names = json.loads(cache.read_text()).get("images") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    out: list[Path] = []
+    for n in names:
+        cands = [Path(n)] if Path(n).is_absolute() else [Path.cwd() / n, art.path.parent / n]
+        hit = next((c for c in cands if c.is_file()), None)
+        if hit is None:
+            return []
+        out.append(hit)
+    return out
+
+
+# set by bundle(): the --images folder the one rule takes first (ImageSet.for_model)
+_IMAGES: list[Path | None] = [None]
+
+
+def _calibration_folder(art: OnnxArtifact) -> tuple[Path, int] | None:
+    """(folder, number of images) to calibrate again on: the folder the recorded images came from while they all
+    still exist there, else the one image rule (--images, then calibration/)."""
+    files = _recorded_images(art)
+    if files:
+        root = Path(os.path.commonpath([str(f.parent) for f in files]))
+        return root, len(files)
+    images = _IMAGES[0]
+    if images is not None and Path(images).is_dir():
+        return Path(images), 512
+    if Path("calibration").is_dir() and list_images(Path("calibration")):
+        return Path("calibration"), 512
+    return None
+
+
+def _remake(art: OnnxArtifact, source: Path, notes: list[str]) -> OnnxArtifact:
+    """Re-make ``art`` in place from ``source`` with the settings its manifest records."""
+    m = art.manifest
+    if m.precision == "fp32":
+        from vitdeploy.stages.export import export_onnx
+
+        export_onnx(source, art.path, check=False, target=m.target, opset=art.opset if art.opset else 17)
+        return OnnxArtifact.open(art.path)
+    if m.precision == "fp16":
+        from vitdeploy.stages.precision import fp16_artifact
+
+        return fp16_artifact(source, art.path, target=m.target)
+    from vitdeploy.stages.precision import calibrate
+
+    q = m.extra["quantization"]
+    folder = _calibration_folder(art)
+    assert folder is not None
+    guard = m.extra.get("guard") or {}
+    ev = guard.get("eval")
+    budget: dict[str, Any] = {}
+    if ev and Path(ev).exists() and (guard.get("max_drop") is not None or guard.get("min_agreement") is not None):
+        budget = {"eval_dir": ev, "max_drop": guard.get("max_drop"), "min_agreement": guard.get("min_agreement")}
+    res = calibrate(source, folder[0], art.path, num_images=folder[1], method=q.get("method", "entropy"),
+                    quantize_attention=bool(q.get("quantize_attention")), float_type=q.get("float_type"),
+                    seed=int(q.get("seed", 0)), target=m.target, **budget)
+    notes.append(f"{art.path}: calibrated again on {res.images} images from {folder[0]} ({q.get('method')})")
+    return res.artifact or OnnxArtifact.open(art.path)
 
 
 def _export(ckpt: Path, workdir: Path) -> Path:
     try:
-        from vitdeploy.stages.export import export_onnx  # type: ignore[import-not-found]
+        from vitdeploy.stages.export import export_onnx
     except ImportError:
         raise VitdeployError(f"{ckpt}: exporting a checkpoint needs vitdeploy's export; export it first and pass the ONNX") from None
     out = workdir / f"export-{ckpt.stem}.onnx"
@@ -144,12 +271,18 @@ def _export(ckpt: Path, workdir: Path) -> Path:
 
 
 def check_same_model(manifests: dict[str, Manifest]) -> None:
+    """Every model is an artifact of one network: the classes, labels and input size (checks.compare.same_model),
+    and the preprocessing run.py, Triton and DeepStream apply."""
     items = list(manifests.items())
     p0, m0 = items[0]
     for p, m in items[1:]:
-        for what in ("model", "labels", "preprocess"):
-            if getattr(m, what) != getattr(m0, what):
-                raise VitdeployError(f"the {p0} and {p} models differ in their {what}: bundle artifacts of one model")
+        why = same_model((p0, m0), (p, m))
+        if why:
+            what = "labels" if "names class" in why or "classes" in why else "input size"
+            raise IncompatibleArtifact(f"the {p0} and {p} models differ in their {what} ({why}): bundle artifacts of one model")
+        if m.model != m0.model or m.preprocess != m0.preprocess:
+            what = "model" if m.model != m0.model else "preprocess"
+            raise IncompatibleArtifact(f"the {p0} and {p} models differ in their {what}: bundle artifacts of one model")
 
 
 def check_target(target: str | None, manifests: dict[Path, Manifest]) -> str | None:
@@ -175,25 +308,40 @@ def check_target(target: str | None, manifests: dict[Path, Manifest]) -> str | N
     return found.pop() if found else None
 
 
+# --- reference images and logits --------------------------------------------------------------------------
+
+
 def reference_images(opts: BundleOptions, manifest: Manifest, folder: Path, cwd: Path) -> tuple[list[Path], str]:
-    """Images for run.py --check, copied into reference/images: the given ones, calibration/, or seeded noise."""
-    cand: list[Path] = []
-    source = ""
-    if opts.check_images:
-        cand, source = list_images(*opts.check_images), "--check-images"
-        if not cand:
-            raise UsageError(f"no images in {', '.join(map(str, opts.check_images))}")
-    elif (cwd / "calibration").is_dir() and list_images(cwd / "calibration"):
-        cand, source = list_images(cwd / "calibration"), "calibration/"
+    """Images for run.py --check, copied into reference/images by the one image rule (ImageSet.for_model: the
+    given folder, calibration/, the digits for a digits model); seeded noise only when it finds none."""
+    from vitdeploy.model.imageset import ImageSet
+
     folder.mkdir(parents=True, exist_ok=True)
+    given = list(opts.check_images)
+    iset: ImageSet | None
+    if len(given) > 1 or (given and Path(given[0]).is_file()):
+        files = list_images(*given)
+        if not files:
+            raise UsageError(f"no images in {', '.join(map(str, given))}")
+        iset = ImageSet(files, ", ".join(map(str, given)))
+    else:
+        if given and Path(given[0]).is_dir() and not list_images(Path(given[0])):
+            raise UsageError(f"no images in {given[0]}")
+        iset = ImageSet.for_model(manifest, given[0] if given else None)
     out: list[Path] = []
-    if cand:
-        n = min(opts.references, len(cand))
-        pick = [cand[int(i * len(cand) / n)] for i in range(n)]
-        for i, src in enumerate(pick):
-            dst = folder / f"{i:03d}_{src.name}"
-            shutil.copyfile(src, dst)
+    if iset is not None and len(iset):
+        n = min(opts.references, len(iset))
+        pick = [int(i * len(iset) / n) for i in range(n)]  # spread over the set (a class folder each, in turn)
+        for k, i in enumerate(pick):
+            item = iset.items[i]
+            if isinstance(item, Path):
+                dst = folder / f"{k:03d}_{item.name}"
+                shutil.copyfile(item, dst)
+            else:  # an in-memory image (the embedded digits)
+                dst = folder / f"{k:03d}_{Path(iset.name_of(i)).name}.png"
+                item.save(dst)
             out.append(dst)
+        source = "--images" if given else iset.source
         return out, source
     from PIL import Image
 
@@ -203,23 +351,36 @@ def reference_images(opts: BundleOptions, manifest: Manifest, folder: Path, cwd:
         dst = folder / f"{i:03d}_noise.png"
         Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(dst)
         out.append(dst)
-    return out, "seeded noise (no --check-images and no calibration/ folder)"
+    return out, "seeded noise (no --images, no calibration/ folder and not a digits model)"
 
 
-def _ort_session(path: Path) -> Any:
-    import onnxruntime as ort
+class _RawRunner(Runner):
+    """ONNX Runtime on a graph with the preprocessing folded in (uint8 images in): the embed check's runner,
+    its session from the one session builder (runners.onnxruntime.session)."""
 
-    from vitdeploy.runners.onnxruntime import session_options
+    backend = "onnxruntime"
 
-    return ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
+    def __init__(self, model: Any, manifest: Manifest, name: str) -> None:
+        from vitdeploy.runners.onnxruntime import session
+
+        super().__init__(manifest, name)
+        self.session = session(model)
+        self.input_name = self.session.get_inputs()[0].name
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        return np.asarray(self.session.run(None, {self.input_name: batch})[0], np.float32)
 
 
-def _run(path: Path, x: np.ndarray) -> np.ndarray:
-    s = _ort_session(path)
-    inp = s.get_inputs()[0]
-    if inp.type == "tensor(float16)":
-        x = x.astype(np.float16)
-    return np.asarray(s.run(None, {inp.name: x})[0], np.float32)
+def _reference_runner(art: OnnxArtifact, target: str | None) -> Runner:
+    """The runner whose logits run.py --check compares the device's engine with: for a TensorRT target the oracle
+    (what that TensorRT computes, runners.oracle.runner_for_target), else ONNX Runtime on the CPU."""
+    if target is not None and target not in ("ort",):
+        from vitdeploy.runners.oracle.runner import runner_for_target
+
+        return runner_for_target(art.model, target)
+    from vitdeploy.runners.onnxruntime import OnnxRuntimeRunner
+
+    return OnnxRuntimeRunner(art)
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -399,6 +560,9 @@ def bundle(
     cwd = Path(cwd) if cwd is not None else Path.cwd()
     if not (1 <= opts.min_batch <= opts.opt_batch <= opts.max_batch):
         raise UsageError(f"batch profile must satisfy 1 ≤ min ≤ opt ≤ max, got {opts.min_batch}/{opts.opt_batch}/{opts.max_batch}")
+    if not 1 <= opts.references <= MAX_REFERENCES:
+        raise UsageError(f"--references {opts.references}: give 1 to {MAX_REFERENCES} (each is an image and a row of "
+                         "logits per precision inside the bundle)")
     if out.exists() and not opts.force:
         raise UsageError(f"{out} exists; pass --force to replace it, or choose another -o")
     if out.exists() and not is_bundle(out):
@@ -411,6 +575,9 @@ def bundle(
     tmp = temp_dir_beside(out)
     try:
         result = _write_bundle(models, tmp, opts, say, cwd)
+        from vitdeploy.core.fileio import follow_umask
+
+        follow_umask(tmp)  # copies (copymode, copytree) carry the source's mode; the bundle gets the umask's
         _replace_dir(tmp, out, opts.force)
         result.out = out
         return result
@@ -423,8 +590,13 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     work = root / ".work"
     work.mkdir()
     say("reading models")
-    found, loaded, exported = resolve_models(models, work, cwd)
-    manifests = {prec: manifest_from_onnx(m, found[prec]) for prec, m in loaded.items()}
+    notes: list[str] = []
+    _IMAGES[0] = Path(opts.check_images[0]) if len(opts.check_images) == 1 else None
+    try:
+        found, arts, exported = resolve_models(models, work, cwd, opts.remake, notes)
+    finally:
+        _IMAGES[0] = None
+    manifests = {prec: a.manifest for prec, a in arts.items()}
     check_same_model({str(found[k]): m for k, m in manifests.items()})
     target = check_target(opts.target, {found[k]: m for k, m in manifests.items()})
     precisions = [p for p in PRECISIONS if p in found]
@@ -436,7 +608,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     h, w = pp.input_size
     name = triton_name(opts.name or base.name)
 
-    # each model was loaded once (resolve_models); each file is hashed once: a copy as it is copied,
+    # each model was read once (resolve_models); each file is hashed once: a copy as it is copied,
     # a variant from the bytes written
     artifacts: dict[str, dict[str, Any]] = {}
     sha: dict[str, str] = {}
@@ -445,21 +617,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
         dst = root / ONNX_NAMES[prec]
         sha[prec] = _copy_hashed(found[prec], dst)
         say(f"folding preprocessing into {dst.name}")
-        raw = root / raw_variant_name(dst.name)
-        variant = write_variant(loaded[prec], manifests[prec], dst.name, sha[prec], raw)
-        raw_models[prec] = variant.model
-        for f, model, m_in, digest in ((dst, loaded[prec], None, sha[prec]),
-                                       (raw, variant.model, variant.manifest.extra["input"], variant.sha256)):
-            i, o = _onnx_io(model)
-            artifacts[f.name] = {
-                "precision": prec,
-                "input": m_in or {"name": i["name"], "dtype": "float16" if i["elem_type"] == 10 else "float32",
-                                  "layout": "NCHW", "shape": i["dims"], "preprocess_in_graph": False},
-                "output": {"name": o["name"], "kind": "logits"},
-                "sha256": digest,
-            }
-        artifacts[dst.name]["raw_variant"] = raw.name
-        artifacts[raw.name]["source"] = dst.name
+        _add_with_raw(root, dst.name, arts[prec].model, manifests[prec], sha[prec], prec, artifacts, raw_models)
 
     # reference inputs and logits for run.py --check, and the embedded variants checked against their sources
     say("computing reference logits")
@@ -470,29 +628,32 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
 
     x = np.stack([to_array(Image.fromarray(a), pp) for a in images])
     ref_logits: dict[str, str] = {}
+    ref_runner: dict[str, str] = {}
     embed_err: dict[str, float] = {}
+    logits_of: dict[str, np.ndarray] = {}
     for prec in precisions:
         src = root / ONNX_NAMES[prec]
-        logits = _run(src, x)
+        runner = _reference_runner(arts[prec], target)
+        (logits,) = run_arrays([runner], x)
+        require_finite(logits, src.name)  # NaN reference logits would make run.py --check meaningless
         rel = f"reference/logits.{prec}.npy"
         np.save(root / rel, logits)
         ref_logits[prec] = rel
-        raw = root / artifacts[src.name]["raw_variant"]
-        err = _rel(_run(raw, raw_batch(images, artifacts[raw.name]["input"])), logits)
-        embed_err[prec] = err
-        artifacts[raw.name]["max_rel_diff_vs_source"] = err
-        if err > EMBED_TOLERANCE[prec]:
-            raise VitdeployError(
-                f"{raw.name} disagrees with {src.name} on the reference images (max |Δlogit| {err:.2e} relative > "
-                f"{EMBED_TOLERANCE[prec]:.0e}); this is a bug, please report it"
-            )
+        ref_runner[prec] = runner.backend
+        logits_of[prec] = logits
+        embed_err[prec] = _embed_check(root, src.name, arts[prec], artifacts, images, x,
+                                       logits if runner.backend == "onnxruntime" else None)
+
+    # the default is right everywhere: a no-target bundle carries, per TensorRT line, a model that line builds
+    say("checking every model against each TensorRT line")
+    matrix = support_matrix(root, arts, sha, target, artifacts, raw_models, images, x, logits_of, notes)
 
     # DeepStream: float 0–255 NCHW input (nvinfer feeds float tensors), softmax probabilities out
     say("writing the DeepStream config")
     ds_dir = root / "deepstream"
     ds_dir.mkdir()
     ds_onnx = ds_dir / "model.ds.onnx"
-    ds = write_variant(loaded[default], manifests[default], ONNX_NAMES[default], sha[default], ds_onnx,
+    ds = write_variant(arts[default].model, manifests[default], ONNX_NAMES[default], sha[default], ds_onnx,
                        dtype="float32", layout="nchw", softmax=True)
     ds_in = ds.manifest.extra["input"]
     artifacts[f"deepstream/{ds_onnx.name}"] = {
@@ -510,7 +671,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     (tri / "1").mkdir(parents=True)
     triton_src = raw_variant_name(ONNX_NAMES[default])
     shutil.copyfile(root / triton_src, tri / "1" / "model.onnx")
-    (tri / "config.pbtxt").write_text(triton_config(name, raw_models[default], opts.max_batch, opts.opt_batch))
+    (tri / "config.pbtxt").write_text(triton_config(name, raw_models[ONNX_NAMES[default]], opts.max_batch, opts.opt_batch))
     (tri / "labels.txt").write_text(labels_file(base.labels))
 
     (root / "labels.txt").write_text(labels_file(base.labels))
@@ -525,6 +686,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
             "precisions": precisions,
             "batch": {"min": opts.min_batch, "opt": opts.opt_batch, "max": opts.max_batch},
             "artifacts": artifacts,
+            "tensorrt": {"matrix": matrix, "why": VARIANTS_WHY if target is None else f"made for {target}"},
             "triton": {"name": name, "model": f"triton/{name}/1/model.onnx", "source": triton_src},
             "deepstream": {"config": "deepstream/config_infer_primary.txt", "onnx": f"deepstream/{ds_onnx.name}"},
             "reference": {
@@ -532,8 +694,10 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
                 "images": [f"reference/images/{f.name}" for f in ref_files],
                 "source": ref_source,
                 "logits": ref_logits,
+                "runner": ref_runner,
                 "tolerance": CHECK_TOLERANCE,
             },
+            "notes": notes,
             "created_with": tool_versions("onnx", "onnxruntime", "numpy"),
         },
     )
@@ -542,7 +706,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     values = {
         "NAME": name, "PRECISION": default, "AVAILABLE": " ".join(precisions), "H": h, "W": w,
         "MIN": opts.min_batch, "OPT": opts.opt_batch, "MAX": opts.max_batch, "TRITON_SOURCE": triton_src,
-        "CLASSES": base.num_classes,
+        "CLASSES": base.num_classes, "MATRIX": matrix_case(matrix), "TARGET": target or "none",
     }
     write_cpp(root, base, raw_variant_name(ONNX_NAMES[default]))
     shutil.copyfile(TEMPLATES / "run.py", root / "run.py")
@@ -550,16 +714,263 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     (root / "build_engine.sh").chmod(0o755)
     (root / "run.py").chmod(0o755)
     (root / "README.md").write_text(_render("README.md", {**values, "LABELS": ", ".join(base.labels[:5]) + (" …" if len(base.labels) > 5 else ""),
-                                                          "PP": json.dumps(base.preprocess)}))
+                                                          "PP": json.dumps(base.preprocess),
+                                                          "SUPPORT": support_table(matrix, precisions)}))
     shutil.rmtree(work)
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-    return BundleResult(root, precisions, default, files, embed_err, ref_source, exported)
-    if not 1 <= opts.references <= MAX_REFERENCES:
-        raise UsageError(f"--references {opts.references}: give 1 to {MAX_REFERENCES} (each is an image and a row of "
-                         "logits per precision inside the bundle)")
-        from vitdeploy.core.fileio import follow_umask
+    return BundleResult(root, precisions, default, files, embed_err, ref_source, exported, notes, matrix, ref_runner)
 
-        follow_umask(tmp)  # copies (copymode, copytree) carry the source's mode; the bundle gets the umask's
-        from vitdeploy.checks.metrics import require_finite
 
-        require_finite(logits, src.name)  # NaN reference logits would make run.py --check meaningless
+def _add_with_raw(root: Path, fname: str, model: Any, manifest: Manifest, digest: str, prec: str,
+                  artifacts: dict[str, dict[str, Any]], raw_models: dict[str, Any]) -> None:
+    """Record ``fname`` (already in ``root``) and write its raw-pixel variant beside it."""
+    raw = root / raw_variant_name(fname)
+    variant = write_variant(model, manifest, fname, digest, raw)
+    raw_models[fname] = variant.model
+    for f, m, m_in, d in ((root / fname, model, None, digest),
+                          (raw, variant.model, variant.manifest.extra["input"], variant.sha256)):
+        i, o = _onnx_io(m)
+        artifacts[f.name] = {
+            "precision": prec,
+            "input": m_in or {"name": i["name"], "dtype": "float16" if i["elem_type"] == 10 else "float32",
+                              "layout": "NCHW", "shape": i["dims"], "preprocess_in_graph": False},
+            "output": {"name": o["name"], "kind": "logits"},
+            "sha256": d,
+        }
+        if manifest.target:
+            artifacts[f.name]["target"] = manifest.target
+    artifacts[fname]["raw_variant"] = raw.name
+    artifacts[raw.name]["source"] = fname
+
+
+def _embed_check(root: Path, fname: str, src: OnnxArtifact | Any, artifacts: dict[str, dict[str, Any]],
+                 images: np.ndarray, x: np.ndarray, src_logits: np.ndarray | None) -> float:
+    """The raw-pixel variant of ``fname`` against ``fname`` itself, both on ONNX Runtime (one comparison run)."""
+    from vitdeploy.runners.onnxruntime import OnnxRuntimeRunner
+
+    if src_logits is None:
+        (src_logits,) = run_arrays([OnnxRuntimeRunner(src)], x)
+    raw = root / artifacts[fname]["raw_variant"]
+    man = src.manifest if isinstance(src, OnnxArtifact) else OnnxArtifact(fname, model=src).manifest
+    (raw_logits,) = run_arrays([_RawRunner(str(raw), man, raw.name)], raw_batch(images, artifacts[raw.name]["input"]))
+    err = _rel(raw_logits, src_logits)
+    artifacts[raw.name]["max_rel_diff_vs_source"] = err
+    prec = artifacts[fname]["precision"]
+    if err > EMBED_TOLERANCE[prec]:
+        raise VitdeployError(
+            f"{raw.name} disagrees with {fname} on the reference images (max |Δlogit| {err:.2e} relative > "
+            f"{EMBED_TOLERANCE[prec]:.0e}); this is a bug, please report it"
+        )
+    return err
+
+
+# --- the default is right everywhere: a model per TensorRT line ---------------------------------------------
+
+LINES = ("trt8.5", "trt8.6", "trt10", "trt11")
+# Why variants, not a re-make on the device: build_engine.sh must work without vitdeploy (trtexec from JetPack alone),
+# and re-making an INT8 graph needs onnx + numpy + vitdeploy there; a variant is checked here, before it ships,
+# against the line's own sources (checks.conformance) and against its source's logits on the oracle (what that
+# TensorRT computes). A variant is the shipped graph re-written for the line: LayerNorm spelled out for 8.5
+# (onnx-tensorrt 8.5-GA operators.md: LayerNormalization "N"), float16 Q/DQ at opset 19 for the strongly typed
+# 10/11 (they read float16 DequantizeLinear scales; float32 ones make every quantized GEMM an FP32 island). The INT8
+# variant keeps the very scales and excluded layers of the calibrated model, so its ranges are the calibration's.
+VARIANTS_WHY = ("one ONNX per TensorRT line, made here and checked against that line's parser facts "
+                "(build_engine.sh needs only trtexec on the device)")
+
+
+def findings(model: Any, line: str) -> list[str]:
+    """What ``line``'s parser/builder would refuse or misread in ``model`` (check-target's ONNX checks)."""
+    from vitdeploy.checks import conformance as cf
+
+    reps = [cf.check_onnx(model, line), cf.check_int8_intent(model, line)]
+    return [f.line() for r in reps for f in r.findings]
+
+
+def variant_graph(model: Any, precision: str, line: str) -> Any:
+    """A copy of ``model`` re-written for TensorRT ``line``: LayerNorm spelled out where the parser has no importer,
+    float16 Q/DQ at opset 19 where the build is strongly typed and reads float16 scales."""
+    import onnx
+
+    from vitdeploy.core.targets import resolve_target
+    from vitdeploy.graph.fp16 import to_fp16
+    from vitdeploy.graph.target import FP16_QDQ_OPSET, decompose_layernorm, has_layernorm_op, to_opset
+
+    facts = resolve_target(line)
+    assert facts is not None
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    if not facts.layernorm_op and has_layernorm_op(m):
+        decompose_layernorm(m)
+    if precision == "int8" and facts.fp16_dq_scales:
+        m = to_fp16(to_opset(m, FP16_QDQ_OPSET))
+    return m
+
+
+def support_matrix(root: Path, arts: dict[str, OnnxArtifact], sha: dict[str, str], target: str | None,
+                   artifacts: dict[str, dict[str, Any]], raw_models: dict[str, Any], images: np.ndarray,
+                   x: np.ndarray, logits_of: dict[str, np.ndarray], notes: list[str]) -> dict[str, dict[str, str]]:
+    """TensorRT line -> precision -> the file build_engine.sh builds there. A bundle made for a target serves that
+    line only; a no-target bundle serves every line, with a variant where the shipped model does not conform."""
+    from vitdeploy.runners.oracle.runner import runner_for_target
+
+    if target is not None:
+        return {target: {p: ONNX_NAMES[p] for p in arts}} if target in LINES else {}
+    matrix: dict[str, dict[str, str]] = {line: {} for line in LINES}
+    for prec, art in arts.items():
+        made: dict[str, Any] = {ONNX_NAMES[prec]: art.model}
+        for line in LINES:
+            hit = next((n for n, m in made.items() if not findings(m, line)), None)
+            if hit is None:
+                fname = f"{ONNX_NAMES[prec][: -len('.onnx')]}.{line}.onnx"
+                model = variant_graph(art.model, prec, line)
+                left = findings(model, line)
+                if left:
+                    notes.append(f"{line}: no {prec} model it builds as intended ({left[0]}); build_engine.sh refuses "
+                                 f"{prec} there")
+                    continue
+                vman = art.manifest.derive(target=line, source={"artifact": ONNX_NAMES[prec], "sha256": sha[prec],
+                                                               "kind": "onnx"})
+                written = OnnxArtifact.write(model, vman, root / fname)
+                _add_with_raw(root, fname, written.model, vman, written.sha256, prec, artifacts, raw_models)
+                artifacts[fname]["variant_of"] = ONNX_NAMES[prec]
+                (got,) = run_arrays([runner_for_target(written.model, line)], x)
+                require_finite(got, fname)
+                from vitdeploy.checks.metrics import compare as cmp
+
+                c = cmp(logits_of[prec], got)
+                artifacts[fname]["vs_source"] = {"runner": f"oracle ({line})", "agreement": c.agreement,
+                                                 "max_rel_diff": c.max_rel_diff}
+                if c.max_rel_diff > CHECK_TOLERANCE[prec]:
+                    notes.append(f"{fname}: max |Δlogit| {c.max_rel_diff:.2e} relative to {ONNX_NAMES[prec]}'s "
+                                 f"reference logits, above run.py --check's {CHECK_TOLERANCE[prec]:.0e}")
+                try:
+                    _embed_check(root, fname, written, artifacts, images, x, None)
+                except VitdeployError as e:
+                    if "this is a bug" in str(e):
+                        raise
+                    notes.append(f"{fname}: raw-pixel variant not compared here ({e})")
+                made[fname] = written.model
+                hit = fname
+            matrix[line][prec] = hit
+    return matrix
+
+
+def matrix_case(matrix: dict[str, dict[str, str]]) -> str:
+    """build_engine.sh's table: one ``line:precision) echo file ;;`` arm per entry (bash 3 has no maps)."""
+    arms = [f"    {line}:{prec}) echo {fname[: -len('.onnx')]} ;;" for line, row in matrix.items()
+            for prec, fname in row.items()]
+    return "\n".join(arms) if arms else "    none) ;;"
+
+
+def support_table(matrix: dict[str, dict[str, str]], precisions: Sequence[str]) -> str:
+    """The README's support matrix: which file each TensorRT line builds, per precision."""
+    head = "| TensorRT | " + " | ".join(precisions) + " |\n|---|" + "---|" * len(precisions) + "\n"
+    names = {"trt8.5": "8.5 (JetPack 5.1)", "trt8.6": "8.6 (JetPack 6.0)", "trt10": "9.x/10.x (JetPack 6.1+, 7.x)",
+             "trt11": "11.x"}
+    rows = [f"| {names.get(line, line)} | " + " | ".join(row.get(p, "—") for p in precisions) + " |"
+            for line, row in matrix.items()]
+    return head + "\n".join(rows) if rows else "(made for a CPU target: no TensorRT line)"
+
+
+# --- one command from a checkpoint to a verified bundle ------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """What ``prepare`` made or reused beside the checkpoint, and the receipt's rows."""
+
+    models: list[Path]
+    made: list[str]  # files written this run (the rest were current and reused)
+    rows: list[dict[str, Any]]  # artifact, target, top1, drop, agreement, size (bytes)
+    notes: list[str] = field(default_factory=list)
+
+
+def _current_for(path: Path, target: str | None) -> bool:
+    """``path`` exists, was made for ``target`` and its lineage is current (the source beside it unchanged)."""
+    if not path.exists():
+        return False
+    try:
+        m = OnnxArtifact.open(path).manifest
+    except VitdeployError:
+        return False
+    return m.target == target and source_link(path, m).status != STALE
+
+
+def prepare(ckpt: str | Path, images: str | Path | None, target: str | None = None, int8: bool = True,
+            fp16: bool = True, say: Callable[[str], None] | None = None) -> Prepared:
+    """The whole path from a checkpoint, beside it: export (parity on ``images``), INT8 (the accuracy guard on
+    ``images``' labeled sub-folders where it has them, else calibrated without a budget) and FP16, then verify on the
+    labeled images. An artifact already made for ``target`` from the current source is reused; only a missing or
+    stale one is made."""
+    from vitdeploy.core.targets import resolve_target
+    from vitdeploy.model.imageset import ImageSet
+
+    say = say or (lambda _m: None)
+    ckpt = Path(ckpt)
+    if not ckpt.is_file():
+        raise VitdeployError(f"{ckpt}: no such checkpoint")
+    facts = resolve_target(target)
+    target = facts.name if facts is not None else None
+    folder = ckpt.parent
+    fp32, q8, h16 = folder / ONNX_NAMES["fp32"], folder / ONNX_NAMES["int8"], folder / ONNX_NAMES["fp16"]
+    made: list[str] = []
+    notes: list[str] = []
+    if images is not None and not Path(images).is_dir():
+        raise UsageError(f"--images {images}: no such folder of images")
+    if not _current_for(fp32, target):
+        from vitdeploy.stages.export import export_onnx
+
+        say("exporting (parity on the images)")
+        export_onnx(ckpt, fp32, check=True, images=images, target=target)
+        made.append(fp32.name)
+    src = OnnxArtifact.open(fp32)
+    labeled = None
+    if images is not None:
+        ls = ImageSet.labeled(images, list(src.manifest.labels))
+        labeled = Path(ls.source) if ls.labels is not None else None
+    models = [fp32]
+    if int8:
+        if not _current_for(q8, target):
+            from vitdeploy.stages.precision import calibrate
+
+            calib = images if images is not None else "calibration"
+            say("calibrating INT8" + (" with the accuracy guard" if labeled else ""))
+            budget: dict[str, Any] = {"eval_dir": labeled, "max_drop": 1.0} if labeled is not None else {}
+            if labeled is None:
+                notes.append("INT8 calibrated without an accuracy budget: --images has no labeled class sub-folders")
+            calibrate(fp32, calib, q8, target=target, **budget)
+            made.append(q8.name)
+        models.append(q8)
+    if fp16:
+        if not _current_for(h16, target):
+            from vitdeploy.stages.precision import convert_fp16
+
+            say("converting to FP16")
+            convert_fp16(fp32, h16, target=target)
+            made.append(h16.name)
+        models.append(h16)
+    rows = _receipt_rows(models, labeled, target, say)
+    if labeled is None:
+        notes.append("not verified on labels: --images has no labeled class sub-folders (top-1 and drop left blank)")
+    return Prepared(models, made, rows, notes)
+
+
+def _receipt_rows(models: list[Path], labeled: Path | None, target: str | None,
+                  say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """artifact | target | top-1 | drop | agreement | size, measured by verify on the labeled images."""
+    rows: list[dict[str, Any]] = [{"artifact": p.name, "target": target or "any (no target)", "top1": None, "drop": None,
+             "agreement": None, "size": p.stat().st_size} for p in models]
+    if labeled is None or len(models) < 2:
+        return rows
+    from vitdeploy.checks.verify import verify
+
+    say("verifying on the labeled images")
+    rep = verify(models[0], models[1:], labeled)
+    ref = rep.results[0]
+    for row, r in zip(rows, rep.results, strict=True):
+        row["top1"] = r.top1
+        row["agreement"] = None if r.is_reference else r.agreement
+        row["drop"] = None if r.is_reference or r.top1 is None or ref.top1 is None else (ref.top1 - r.top1) * 100
+        row["backend"] = r.backend
+        row["passed"] = r.passed
+    return rows

@@ -135,6 +135,26 @@ def candidate_models(folder: str | Path = ".", backend: str = "auto") -> list[Pa
     return out
 
 
+def stale_note(path: str | Path) -> str | None:
+    """Why an auto-pick passes over ``path``: made from an earlier version of the source beside it (core.lineage);
+    None when current, or when it records no source or has no manifest to read."""
+    from vitdeploy.core.artifact import read_manifest
+    from vitdeploy.core.lineage import STALE, remake_command, source_link
+
+    p = Path(path)
+    if p.suffix not in (".onnx", *ENGINE_SUFFIXES):
+        return None
+    try:
+        m = read_manifest(p)
+    except (VitdeployError, OSError, ValueError):
+        return None
+    link = source_link(p, m)
+    if link.status != STALE or link.source is None:
+        return None
+    return (f"passed over {p.name}: stale, made from an earlier {link.source.name} (re-make it with "
+            f"`{remake_command(p, m)}`)")
+
+
 def pick_model(folder: str | Path = ".", backend: str = "auto", threads: int | None = None) -> tuple[Any, list[str]]:
     """The first candidate that opens here, as an open Runner, and notes on what was passed over and why."""
     notes: list[str] = []
@@ -147,6 +167,10 @@ def pick_model(folder: str | Path = ".", backend: str = "auto", threads: int | N
             "`vitdeploy train` / `vitdeploy export`"
         )
     for p in cands:
+        why = stale_note(p)
+        if why:  # lineage: a file made from an earlier version of the source beside it is never picked silently
+            notes.append(why)
+            continue
         try:
             runner = open_runner(p, backend=backend, threads=threads)
         except (VitdeployError, ImportError) as e:

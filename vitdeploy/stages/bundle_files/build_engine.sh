@@ -11,7 +11,12 @@
 #   ./build_engine.sh --dla 0             # on DLA core 0 with GPU fallback (static batch = opt)
 #   ./build_engine.sh --batch 1:8:32      # batch profile min:opt:max (default @@MIN@@:@@OPT@@:@@MAX@@)
 #   ./build_engine.sh --trtexec           # use trtexec even where vitdeploy is installed
-#   ./build_engine.sh --dry-run           # print the command, build nothing (TRT_VERSION=8.5 ...: as for TensorRT 8.5)
+#   ./build_engine.sh --dry-run           # print the command, build nothing
+#   ./build_engine.sh --dry-run --trt 8.5 # ... as on TensorRT 8.5 (also: TRT_VERSION=8.5 ./build_engine.sh)
+#
+# Which ONNX: this bundle carries, per TensorRT line, a model that line builds as intended (made for: @@TARGET@@).
+# The script finds the TensorRT version (--trt, TRT_VERSION, python3 -c 'import tensorrt', trtexec's banner) and
+# builds that line's file; manifest.json "tensorrt" and README.md list them.
 set -euo pipefail
 SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$0")"
@@ -31,6 +36,15 @@ DEEPSTREAM=0
 DLA=""
 USE_TRTEXEC=0
 DRY_RUN=0
+BUNDLE_TARGET=@@TARGET@@
+
+# TensorRT line:precision -> the model (without .onnx) that line builds as intended
+line_model() {
+  case "$1" in
+@@MATRIX@@
+    *) ;;
+  esac
+}
 
 die() { echo "build_engine.sh: $*" >&2; exit 1; }
 
@@ -44,6 +58,7 @@ while [ $# -gt 0 ]; do
     --batch) IFS=: read -r MIN OPT MAX <<< "${2:?--batch needs MIN:OPT:MAX}"; shift 2 ;;
     --trtexec) USE_TRTEXEC=1; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
+    --trt) TRT_VERSION="${2:?--trt needs a TensorRT version such as 8.5 or 10.3}"; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$SELF"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
@@ -52,15 +67,35 @@ done
 case " $AVAILABLE " in *" $PRECISION "*) ;; *) die "no $PRECISION model in this bundle (it has: $AVAILABLE)" ;; esac
 [ "$MIN" -le "$OPT" ] && [ "$OPT" -le "$MAX" ] 2>/dev/null || die "batch profile must be MIN ≤ OPT ≤ MAX, got $MIN:$OPT:$MAX"
 
-case "$PRECISION" in
-  fp32) BASE=model ;;
-  fp16) BASE=model.fp16 ;;
-  int8) BASE=model.int8 ;;
-  *) die "unknown precision $PRECISION" ;;
-esac
+TRTEXEC="$(command -v trtexec || true)"
+[ -z "$TRTEXEC" ] && [ -x /usr/src/tensorrt/bin/trtexec ] && TRTEXEC=/usr/src/tensorrt/bin/trtexec
+# TensorRT version: --trt/TRT_VERSION, else the Python bindings, else the banner trtexec prints (v8502 = 8.5.2, v100300 = 10.3.0)
+[ -n "${TRT_VERSION:-}" ] || { [ -n "${TRT_MAJOR:-}" ] && TRT_VERSION="$TRT_MAJOR.0"; } || true
+[ -n "${TRT_VERSION:-}" ] || TRT_VERSION="$(python3 -c 'import tensorrt; print(tensorrt.__version__)' 2>/dev/null || true)"
+if [ -z "${TRT_VERSION:-}" ] && [ -n "$TRTEXEC" ]; then
+  V="$("$TRTEXEC" --help 2>&1 | sed -n 's/.*TensorRT v\([0-9][0-9]*\).*/\1/p' | head -n 1)"
+  case "${#V}" in
+    4) TRT_VERSION="${V:0:1}.${V:1:1}.$((10#${V:2:2}))" ;;
+    6) TRT_VERSION="$((10#${V:0:2})).$((10#${V:2:2})).$((10#${V:4:2}))" ;;
+  esac
+fi
+if [ -z "${TRT_VERSION:-}" ]; then
+  TRT_VERSION=10.0; echo "build_engine.sh: cannot tell the TensorRT version; assuming 10 (pass --trt X.Y)" >&2
+fi
+IFS=. read -r TRT_MAJOR TRT_MINOR TRT_PATCH _ <<< "$TRT_VERSION.0.0"
+case "$TRT_MAJOR$TRT_MINOR" in *[!0-9]*|"") die "--trt $TRT_VERSION: give a TensorRT version such as 8.5, 8.6, 10.3 or 11.4" ;; esac
+TRT_MINOR=$((10#${TRT_MINOR:-0})); TRT_PATCH=$((10#${TRT_PATCH:-0}))
+# the line: 8.0-8.5 -> trt8.5 (no LayerNormalization importer), 8.6, 9/10 -> trt10, 11+ -> trt11
+if [ "$TRT_MAJOR" -le 8 ]; then
+  if [ "$TRT_MINOR" -le 5 ]; then LINE=trt8.5; else LINE=trt8.6; fi
+elif [ "$TRT_MAJOR" -le 10 ]; then LINE=trt10
+else LINE=trt11; fi
+BASE="$(line_model "$LINE:$PRECISION")"
+[ -n "$BASE" ] || die "no $PRECISION model in this bundle builds as intended on TensorRT $TRT_VERSION (made for: $BUNDLE_TARGET; see README.md): re-bundle with --target for this device, or pass --precision"
 
 if [ "$DEEPSTREAM" = 1 ]; then
   [ "$PRECISION" = @@PRECISION@@ ] || die "the DeepStream variant is the @@PRECISION@@ model; re-bundle with --precision $PRECISION"
+  [ "$BASE.raw.onnx" = "$TRITON_SOURCE" ] || die "the DeepStream model is made from ${TRITON_SOURCE%.raw.onnx}.onnx, which TensorRT $TRT_VERSION does not build as intended ($BASE.onnx does): re-bundle with --target for this device"
   ONNX=deepstream/model.ds.onnx; ENGINE=deepstream/model.ds.engine
   INPUT=images; SHAPE="3x${H}x${W}"
 elif [ "$VARIANT" = raw ]; then
@@ -70,7 +105,7 @@ else
   ONNX=$BASE.onnx; ENGINE=$BASE.engine
   INPUT=pixel_values; SHAPE="3x${H}x${W}"
 fi
-if [ "$TRITON" = 1 ] && [ "$ONNX" != "$TRITON_SOURCE" ]; then
+if [ "$TRITON" = 1 ] && { [ "$VARIANT" != raw ] || [ "$DEEPSTREAM" = 1 ] || [ "$PRECISION" != @@PRECISION@@ ]; }; then
   die "Triton serves $TRITON_SOURCE; build it with: ./build_engine.sh --triton (without --precision/--normalized/--deepstream)"
 fi
 [ -f "$ONNX" ] || die "$ONNX is missing from this bundle"
@@ -88,25 +123,10 @@ if [ "$USE_TRTEXEC" = 0 ] && command -v vitdeploy >/dev/null 2>&1; then
 else
   TMP="$ENGINE.tmp.$$"
   trap 'rm -f "$TMP"' EXIT
-  TRTEXEC="$(command -v trtexec || true)"
-  [ -z "$TRTEXEC" ] && [ -x /usr/src/tensorrt/bin/trtexec ] && TRTEXEC=/usr/src/tensorrt/bin/trtexec
   if [ -z "$TRTEXEC" ]; then
     [ "$DRY_RUN" = 1 ] || die "neither vitdeploy nor trtexec found: install JetPack's TensorRT (trtexec is in /usr/src/tensorrt/bin) or pip install vitdeploy"
-    TRTEXEC=trtexec; TRT_VERSION="${TRT_VERSION:-${TRT_MAJOR:-10}.0}"   # a dry run here: as for TensorRT 10 (TRT_VERSION=8.5 ./build_engine.sh --dry-run for 8.5)
+    TRTEXEC=trtexec
   fi
-  # TensorRT version: TRT_VERSION, else the Python bindings, else the banner trtexec prints (v8502 = 8.5.2, v100300 = 10.3.0)
-  [ -n "${TRT_VERSION:-}" ] || { [ -n "${TRT_MAJOR:-}" ] && TRT_VERSION="$TRT_MAJOR.0"; } || true
-  [ -n "${TRT_VERSION:-}" ] || TRT_VERSION="$(python3 -c 'import tensorrt; print(tensorrt.__version__)' 2>/dev/null || true)"
-  if [ -z "${TRT_VERSION:-}" ]; then
-    V="$("$TRTEXEC" --help 2>&1 | sed -n 's/.*TensorRT v\([0-9][0-9]*\).*/\1/p' | head -n 1)"
-    case "${#V}" in
-      4) TRT_VERSION="${V:0:1}.${V:1:1}.$((10#${V:2:2}))" ;;
-      6) TRT_VERSION="$((10#${V:0:2})).$((10#${V:2:2})).$((10#${V:4:2}))" ;;
-      *) TRT_VERSION=10.0; echo "build_engine.sh: cannot tell the TensorRT version; assuming 10 (set TRT_VERSION=X.Y)" >&2 ;;
-    esac
-  fi
-  IFS=. read -r TRT_MAJOR TRT_MINOR TRT_PATCH _ <<< "$TRT_VERSION.0.0"
-  TRT_MINOR=$((10#${TRT_MINOR:-0})); TRT_PATCH=$((10#${TRT_PATCH:-0}))
   # DLA exists on 8.x, 10.0-10.7 and 11.4.1+ (JetPack 7.2.2+); NVIDIA: 10.7 was the last 10.x with DLA, 11.0-11.3 have none
   if [ -n "$DLA" ]; then
     if { [ "$TRT_MAJOR" = 10 ] && [ "$TRT_MINOR" -ge 8 ]; } || { [ "$TRT_MAJOR" -ge 11 ] && { [ "$TRT_MINOR" -lt 4 ] || { [ "$TRT_MINOR" = 4 ] && [ "$TRT_PATCH" -lt 1 ]; }; }; }; then
@@ -143,5 +163,5 @@ if [ "$TRITON" = 1 ]; then
   sed -i.bak 's/^platform: "onnxruntime_onnx"$/platform: "tensorrt_plan"/' "triton/$NAME/config.pbtxt" && rm -f "triton/$NAME/config.pbtxt.bak"
   echo "installed triton/$NAME/1/model.plan (config.pbtxt: platform tensorrt_plan)"
 fi
-if [ "$ONNX" = "$BASE.raw.onnx" ] && [ "$PRECISION" = @@PRECISION@@ ]; then CHECK=""; else CHECK=" --model $ONNX"; fi
+if [ "$ONNX" = "$TRITON_SOURCE" ]; then CHECK=""; else CHECK=" --model $ONNX"; fi
 echo "check it against the bundle's reference logits: python3 run.py --check$CHECK"
