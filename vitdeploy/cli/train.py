@@ -47,6 +47,7 @@ def datasets(
         raise UsageError(f"unknown dataset {name!r}: the embedded dataset is 'digits'")
     n_train, n_val = write_digits(out_dir)
     console.print(f"wrote {n_train} train and {n_val} val images to {out_dir}/")
+    next_step(f"vitdeploy train {out_dir}")
 
 
 @app.command()
@@ -135,6 +136,8 @@ def train(
                     prog.update(task, total=clock.total_steps, completed=0, info="")
                 elif kind == "batch":
                     prog.update(task, completed=clock.step(), epoch=f"epoch {d['epoch'] + 1}/{clock.epochs}")
+                elif kind == "note":
+                    (prog.console if live else console).print(f"note: {d['text']}", highlight=False, soft_wrap=True)
                 elif kind == "epoch":
                     line = clock.epoch_line(d)
                     (prog.console if live else console).print(line, highlight=False, soft_wrap=True)
