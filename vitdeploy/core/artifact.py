@@ -147,9 +147,12 @@ class OnnxArtifact:
             import onnx
 
             try:
-                self._model = onnx.load(str(self.path), load_external_data=False)
+                model = onnx.load(str(self.path), load_external_data=False)
             except Exception as e:
                 raise unreadable(self.path, type(e).__name__) from None
+            if not model.graph.node:  # protobuf reads an empty file as an empty model
+                raise unreadable(self.path, "no graph")
+            self._model = model
         return self._model
 
     def load_weights(self) -> Any:
