@@ -233,6 +233,8 @@ def verify(
     whether or not it passes (``report.passed``); bad inputs raise VitdeployError.
     """
     from vitdeploy.checks.compare import require_same_model, run
+    from vitdeploy.core.artifact import read_onnx_manifest
+    from vitdeploy.core.targets import CPU_TARGETS
     from vitdeploy.model.imageset import ImageSet
     from vitdeploy.runners import BACKENDS_OF_KIND, Runner, artifact_kind, default_backend, open_runner
 
@@ -259,6 +261,12 @@ def verify(
             use = backend if i > 0 and backend in BACKENDS_OF_KIND[artifact_kind(a)] else "auto"
             if i > 0 and backend != "auto" and use == "auto":
                 notes.append(f"{a}: a {artifact_kind(a)} runs on {default_backend(a, device)}, not {backend}")
+            if use == "auto" and artifact_kind(a) == "onnx":  # bound for TensorRT: judged on what TensorRT computes
+                made_for = read_onnx_manifest(a).target
+                if made_for is not None and made_for not in CPU_TARGETS:
+                    use = "oracle"
+                    notes.append(f"{a}: made for {made_for}: run on the TensorRT oracle (int8 GEMMs with int32 "
+                                 "accumulation, float parts in the graph's types), not on a CPU runtime")
             runners.append(open_runner(a, backend=use, threads=threads, device=device))
             if i > 0:
                 require_same_model((str(artifacts[0]), runners[0].manifest), (str(a), runners[i].manifest),
