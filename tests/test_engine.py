@@ -484,11 +484,15 @@ def test_padded_batch() -> None:
 
 
 def test_no_cudart_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver lists a GPU (a stand-in libcuda) but no CUDA runtime is found: gpu_info says which library is missing."""
+    import fake_libcuda
+
     from vitdeploy.runners.tensorrt import cuda
 
     monkeypatch.setattr(cuda, "cudart_candidates", lambda: ["/nonexistent/libcudart.so.12"])
     with pytest.raises(cuda.CudaError, match="VITDEPLOY_CUDART"):
         cuda.CudaRuntime()
+    fake_libcuda.install(monkeypatch, devices=1)
     assert cuda.gpu_info().startswith("no CUDA runtime library")
 
 
