@@ -120,6 +120,8 @@ def _run_py() -> Any:
 @pytest.mark.parametrize("version", releases())
 def test_every_tensorrt_call_we_make_exists_in_that_release(version: str, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import fake_libcuda
+
     from vitdeploy.runners import open_runner
     from vitdeploy.stages.engine import BuildOptions, build_engine
     from vitdeploy.tools.doctor import probe_tensorrt
@@ -127,6 +129,7 @@ def test_every_tensorrt_call_we_make_exists_in_that_release(version: str, tmp_pa
     monkeypatch.chdir(tmp_path)
     host = HostCuda()
     monkeypatch.setattr(cuda, "CudaRuntime", lambda *a, **k: host)
+    fake_libcuda.install(monkeypatch)  # the GPU probe asks the driver (libcuda): it lists one GPU
     calls: list[tuple] = []
     trt = fake_tensorrt(version, calls)
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
