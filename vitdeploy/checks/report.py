@@ -223,8 +223,40 @@ def _img(src: str, alt: str, width: int | None = None) -> str:
     return f'<img src="{_e(src)}" alt="{_e(alt)}"{w}>'
 
 
+def check_report_dir(out_dir: str | Path) -> None:
+    """Refuse (one line, exit 2) a --report folder that holds an index.html vitdeploy did not write: a user's page."""
+    from vitdeploy.core.errors import UsageError
+
+    index = Path(out_dir) / "index.html"
+    if index.is_file():
+        with open(index, encoding="utf-8", errors="replace") as f:
+            head = f.read(4096)
+        if "<title>vitdeploy verify" not in head:
+            raise UsageError(f"--report {out_dir} holds an index.html that is not a vitdeploy report: choose another "
+                             "folder (it is never written over)")
+
+
 def write_report(report: VerifyReport, out_dir: str | Path, max_disagreements: int = MAX_DISAGREEMENTS) -> Path:
-    """Write ``index.html`` and its PNGs into ``out_dir``; returns the page's path."""
+    """Write ``index.html`` and its PNGs into ``out_dir``, all or nothing: built in a folder beside it and moved in
+    at the end, so a failure (a full disk) leaves no half-written report. Returns the page's path."""
+    import shutil
+
+    from vitdeploy.core.fileio import move_into, temp_dir_beside
+
+    final = Path(out_dir)
+    if final.exists() and not final.is_dir():
+        raise VitdeployError(f"--report {final}: a file, not a folder; pass a folder for index.html and its pictures")
+    check_report_dir(final)
+    tmp = temp_dir_beside(final)
+    try:
+        _write_report(report, tmp, max_disagreements)
+        move_into(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final / "index.html"
+
+
+def _write_report(report: VerifyReport, out_dir: str | Path, max_disagreements: int = MAX_DISAGREEMENTS) -> Path:
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise VitdeployError(f"--report {out}: a file, not a folder; pass a folder for index.html and its pictures")

@@ -29,6 +29,7 @@ def infer(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from vitdeploy.core.fileio import printable_name
     from vitdeploy.tools.infer import gather_images, open_model, write_predictions
     from vitdeploy.tools.infer import infer as run_infer
 
@@ -84,13 +85,13 @@ def infer(
         if result.top_k > 1:
             t.add_column(f"next {result.top_k - 1}")
         for pr in result.predictions:
-            cells = [str(pr.path.relative_to(common)) if common != Path() else str(pr.path), pr.label, f"{pr.score:.3f}"]
+            cells = [printable_name(pr.path.relative_to(common) if common != Path() else pr.path), pr.label, f"{pr.score:.3f}"]
             if result.top_k > 1:
                 cells.append("  ".join(f"{lab} {sc:.3f}" for lab, sc in zip(pr.labels[1:], pr.scores[1:], strict=True)))
             t.add_row(*cells)
         console.print(t)
     for p, why in result.skipped:
-        err_console.print(f"skipped {p}: {why}", highlight=False, soft_wrap=True)
+        err_console.print(f"skipped {printable_name(p)}: {why}", highlight=False, soft_wrap=True)
     err_console.print(
         f"{len(result.predictions)} image(s) classified with {result.model} ({result.backend}, {result.precision}) "
         f"at {result.images_per_second:.1f} images/s"

@@ -43,6 +43,9 @@ def verify(
         check_output(json_out, [reference, *candidates], option="--json")
     if report_dir is not None:
         check_output(report_dir, [reference, *candidates, images], kind="dir", option="--report")
+        from vitdeploy.checks.report import check_report_dir
+
+        check_report_dir(report_dir)  # a user's index.html there is never written over
     with Progress(
         TextColumn("[bold]verify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=err_console, transient=True, disable=not err_console.is_terminal,

@@ -191,6 +191,19 @@ def follow_umask(root: str | Path) -> None:
                 os.chmod(p, (0o777 if st.st_mode & 0o111 else 0o666) & ~mask)
 
 
+def move_into(src: str | Path, dest: str | Path) -> None:
+    """Put a folder built beside ``dest`` in place: renamed whole when ``dest`` is new, else file by file (renames:
+    they need no space, so a full disk cannot stop them half way as a write can)."""
+    s, d = Path(src), Path(dest)
+    if not d.exists():
+        os.replace(s, d)
+        return
+    for f in sorted(p for p in s.rglob("*") if not p.is_dir()):
+        target = d / f.relative_to(s)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(f, target)
+
+
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` (UTF-8) whole or not at all; a channel such as /dev/stdout gets it in place."""
     with atomic_path(path) as tmp:

@@ -129,6 +129,21 @@ def describe_foreign(obj: Any) -> str:
     return f"a {type(obj).__name__} object"
 
 
+# torch.save's legacy (pre-1.6, non-zip) format opens with this number pickled: torch/serialization.py MAGIC_NUMBER
+LEGACY_TORCH_MAGIC = 0x1950A86A20F9469CFC6C
+LEGACY_MESSAGE = "a legacy torch.save file: re-save it with torch>=1.6's zip format"
+
+
+def is_legacy_torch_file(path: str | Path) -> bool:
+    """Whether a file is in torch.save's legacy pickle format (``_use_new_zipfile_serialization=False``)."""
+    with open(path, "rb") as f:
+        head = f.read(32)
+    if not head.startswith(b"\x80") or len(head) < 3:
+        return False
+    magic = LEGACY_TORCH_MAGIC.to_bytes(10, "little")  # pickle's LONG1 opcode (0x8a), 10 bytes, little-endian
+    return b"\x8a\x0a" + magic in head[:16]
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
     p = Path(path)
     if not p.exists():
@@ -139,6 +154,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise VitdeployError(f"{p}: empty file, not a checkpoint")
     if not zipfile.is_zipfile(p):
         head = p.read_bytes()[:4]
+        if is_legacy_torch_file(p):
+            raise VitdeployError(f"{p}: {LEGACY_MESSAGE}")
         what = "a truncated or corrupt checkpoint" if head.startswith(b"PK") else "not a PyTorch checkpoint"
         raise VitdeployError(f"{p}: {what}; re-create it with `vitdeploy train`")
     try:

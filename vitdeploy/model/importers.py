@@ -89,6 +89,10 @@ def torch_load(p: Path) -> Any:
     if p.suffix == ".npz":
         raise VitdeployError(f"{p}: JAX/NumPy .npz weights; load them in timm (which converts them) and save model.state_dict()")
     if not zipfile.is_zipfile(p):
+        from vitdeploy.model.checkpoint import LEGACY_MESSAGE, is_legacy_torch_file
+
+        if is_legacy_torch_file(p):
+            raise VitdeployError(f"{p}: {LEGACY_MESSAGE}")
         raise VitdeployError(f"{p}: not a PyTorch zip file or a safetensors file (truncated or another format)")
     allow = getattr(torch.serialization, "safe_globals", None)  # torch >= 2.5
     try:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from vitdeploy.core.errors import UsageError, VitdeployError
-from vitdeploy.core.fileio import atomic_path, check_output
+from vitdeploy.core.fileio import atomic_path, check_output, same_file
 from vitdeploy.core.manifest import Manifest, tool_versions
 from vitdeploy.core.preprocess import ImageReadError, Preprocess, load_image, resize_crop
 from vitdeploy.model.checkpoint import load_checkpoint, save_checkpoint
@@ -188,15 +188,29 @@ def check_options(opts: TrainOptions) -> None:
             get_preset(opts.preset)
         except UnknownPreset as e:
             raise UnknownPresetError(str(e)) from None
-    _check_out(Path(opts.out))
+    _check_out(Path(opts.out), opts.init)
 
 
-def _check_out(out: Path) -> None:
+def _check_out(out: Path, init: str | Path | None = None) -> None:
     """The one output check (core.fileio.check_output), after the one rule of train's own: a checkpoint is not
-    written under an ONNX or engine name. (``--resume X -o X`` is allowed: X is replaced only at the end.)"""
+    written under an ONNX or engine name. The --init weights are an input (``--resume X -o X`` is allowed: a
+    resumed run continues X, which is replaced only at the end)."""
     if out.suffix.lower() in _NOT_CHECKPOINT_SUFFIXES:
         raise UsageError(f"-o {out}: a checkpoint is a .pth file, not {out.suffix}; pass e.g. -o {out.with_suffix('.pth').name}")
-    check_output(out)
+    check_output(out, [init], option="-o")
+
+
+def keep_earlier_partial(out: Path, resume: str | Path | None) -> Path | None:
+    """An earlier interrupted run's best (``<out>.partial``) that this run would overwrite at its first epoch:
+    moved aside to ``<out>.partial.N`` and returned (None when there is none, or this run resumes from it)."""
+    partial = partial_path(out)
+    if not partial.is_file() or (resume is not None and Path(resume).exists() and same_file(resume, partial)):
+        return None
+    k = 1
+    while (aside := partial.with_name(f"{partial.name}.{k}")).exists():
+        k += 1
+    os.replace(partial, aside)
+    return aside
 
 
 # --- processes --------------------------------------------------------------------------------------------
@@ -603,6 +617,9 @@ def _train(
     )
     out, partial = Path(opts.out), partial_path(opts.out)
     saved = False
+    if d.main and (aside := keep_earlier_partial(out, opts.resume)) is not None and progress:
+        progress("note", {"text": f"an earlier interrupted run's best was in {partial}: kept as {aside} "
+                                  f"(continue it with --resume {aside})"})
     if progress:
         progress("start", {"epochs": epochs, "start_epoch": start_epoch, "train": n_train, "val": len(ds.val),
                            "world_size": d.world_size, "precision": precision, "name": name,
@@ -667,6 +684,15 @@ def _train(
                 exit_code=130,
             ) from None
         raise VitdeployError(f"interrupted before an epoch ended: {out} is unchanged", exit_code=130) from None
+    except OSError as e:
+        import errno
+
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        if d.main:  # a full disk: this run's partial best goes too, so the failed command leaves nothing behind
+            partial.unlink(missing_ok=True)
+        raise VitdeployError(f"could not write {partial}: {e.strerror}; nothing written, {out} is unchanged: "
+                             "free some space and run again") from None
     if d.main and saved:
         os.replace(partial, out)
     elif d.main and opts.resume and Path(opts.resume).resolve() != out.resolve():

@@ -28,7 +28,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from vitdeploy.checks import metrics
 from vitdeploy.core.errors import UsageError, VitdeployError
-from vitdeploy.core.fileio import atomic_path
+from vitdeploy.core.fileio import atomic_path, move_into, temp_dir_beside
 from vitdeploy.core.manifest import Manifest
 from vitdeploy.core.preprocess import ImageReadError, Preprocess, gather_images, load_image, resize_crop
 from vitdeploy.runners.attention import open_attention_model
@@ -370,30 +370,39 @@ def explain(
     title += f" · {Path(model).name} ({am.manifest.precision}, {am.backend})"
     result = ExplainResult(method=method, model=str(model), precision=am.manifest.precision, backend=am.backend)
 
-    for start in range(0, len(paths), batch_size):
-        chunk = list(range(start, min(start + batch_size, len(paths))))
-        shown: list[Image.Image] = []
-        keep: list[int] = []
-        for i in chunk:
-            try:
-                shown.append(resize_crop(load_image(paths[i]), pp))
-                keep.append(i)
-            except ImageReadError as e:
-                result.skipped.append((paths[i], str(e)))
-        if not keep:
-            continue
-        logits, attns = am.forward(shown)
-        heat = attention_map(attns, grid, method, head_fusion, discard_ratio, pool)
-        order, best = metrics.top_k(metrics.softmax(logits), top_k)
-        for j, i in enumerate(keep):
-            top = [(labels[c] if c < len(labels) else str(c), float(p)) for c, p in zip(order[j], best[j], strict=True)]
-            png = render(shown[j], heat[j], top, title)
-            with atomic_path(names[i]) as tmp:
-                png.save(tmp, format="PNG")
-            ex = Explanation(paths[i], names[i], heat[j], top)
-            result.explanations.append(ex)
-            if on_image is not None:
-                on_image(ex)
+    # the maps are made in a folder beside -o and moved in at the end: a failure (a full disk) leaves none behind
+    import shutil
+
+    staged = temp_dir_beside(out)
+    try:
+        for start in range(0, len(paths), batch_size):
+            chunk = list(range(start, min(start + batch_size, len(paths))))
+            shown: list[Image.Image] = []
+            keep: list[int] = []
+            for i in chunk:
+                try:
+                    shown.append(resize_crop(load_image(paths[i]), pp))
+                    keep.append(i)
+                except ImageReadError as e:
+                    result.skipped.append((paths[i], str(e)))
+            if not keep:
+                continue
+            logits, attns = am.forward(shown)
+            heat = attention_map(attns, grid, method, head_fusion, discard_ratio, pool)
+            order, best = metrics.top_k(metrics.softmax(logits), top_k)
+            for j, i in enumerate(keep):
+                top = [(labels[c] if c < len(labels) else str(c), float(p)) for c, p in zip(order[j], best[j], strict=True)]
+                png = render(shown[j], heat[j], top, title)
+                with atomic_path(staged / names[i].name) as tmp:
+                    png.save(tmp, format="PNG")
+                ex = Explanation(paths[i], names[i], heat[j], top)
+                result.explanations.append(ex)
+                if on_image is not None:
+                    on_image(ex)
+        if result.explanations:
+            move_into(staged, out)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     if not result.explanations:
         first = result.skipped[0]
         raise VitdeployError(f"none of the {len(paths)} image(s) could be read (first: {first[0]}: {first[1]})")
