@@ -106,7 +106,8 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
     plan = plan_artifact(model, manifest.precision, o.fp16, o.int8, o.out, o.dla_core)
     if plan.make is not None and plan.artifact.exists():
         kept_guard(plan.artifact)
-    if plan.make == "int8" and not Path(o.calib).is_dir():
+    # (without the default calibration/ folder, calibrate falls back to the digits for a digits model)
+    if plan.make == "int8" and not Path(o.calib).is_dir() and Path(o.calib) != Path("calibration"):
         raise VitdeployError(
             f"{o.calib}: no such folder of calibration images: put a few hundred images like the ones "
             "the model will see there, or pass --calib DIR"
@@ -199,7 +200,7 @@ def make_artifact(plan: ArtifactPlan, source: OnnxArtifact, calib: Path, emit: E
         images = res.image_set.head(CHECK_IMAGES) if res.image_set is not None else None  # decoded once, reused
     else:
         art = precision.fp16_artifact(source, plan.artifact, target=target)
-        images = ImageSet.folder(calib, CHECK_IMAGES) if calib.is_dir() and list_images(calib) else None
+        images = ImageSet.for_model(source_manifest, calib if calib.is_dir() and list_images(calib) else None, CHECK_IMAGES)
     emit("check", {"path": str(plan.artifact), "total": len(images) if images is not None else 0})
     made["check"] = (artifact_agreement(plan.source, source_manifest, art, images, target)
                      if images is not None else None)

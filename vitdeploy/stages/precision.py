@@ -29,6 +29,7 @@ DEFAULT_METHOD = "entropy"
 DEFAULT_QUANTIZE_ATTENTION = False
 FEW_IMAGES = 100
 FLOAT_TYPES = ("fp32", "fp16")
+DEFAULT_IMAGES = Path("calibration")
 CACHE_FORMAT = "vitdeploy-calibration/1"
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -145,11 +146,20 @@ def _fit_graph(model: Any, facts: TargetFacts | None, src: Path) -> None:
 # --- INT8 -------------------------------------------------------------------------------------
 
 
-def _sample_images(images: str | Path, num_images: int, seed: int) -> ImageSet:
-    """The calibration images: a seeded sample of ``num_images`` from the folder (ImageSet, the one rule)."""
+def _sample_images(images: str | Path | None, num_images: int, seed: int, manifest: Manifest,
+                   warnings: list[str]) -> ImageSet:
+    """The calibration images: a seeded sample of ``num_images`` from the folder. Without a folder (None, or the
+    default calibration/ where there is none) the one rule (ImageSet.for_model) picks: the digits for a digits
+    model, said in a warning; else the folder is asked for."""
     if num_images < 1:
         raise UsageError("--num-images must be at least 1")
-    root = Path(images)
+    root = Path(images) if images is not None else DEFAULT_IMAGES
+    if not root.exists() and root == DEFAULT_IMAGES:
+        chosen = ImageSet.for_model(manifest, None, num_images, seed)
+        if chosen is not None:
+            warnings.append(f"no {root}/ folder here: calibrating on {chosen.source} (the images the model was trained "
+                            "on); pass --images DIR with images like the deployment's")
+            return chosen
     if not root.exists():
         raise VitdeployError(
             f"{root}: no such folder of calibration images: put a few hundred images like the deployment's in it "
@@ -160,16 +170,19 @@ def _sample_images(images: str | Path, num_images: int, seed: int) -> ImageSet:
     return ImageSet.folder(root, num_images, seed)
 
 
-def _images_key(files: list[Path]) -> str:
+def _images_key(files: ImageSet) -> str:
     h = hashlib.sha256()
-    for f in files:
+    for i, f in enumerate(files.items):
+        if not isinstance(f, Path):  # in memory (the embedded digits): named by their place in the set
+            h.update(f"{files.name_of(i)}\n".encode())
+            continue
         st = f.stat()
         # a name's own bytes (surrogateescape: b'bad\xff.png' is a legal Linux name, not UTF-8)
         h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 
-def _cache_key(model_sha: str, files: list[Path], tensors: list[str]) -> str:
+def _cache_key(model_sha: str, files: ImageSet, tensors: list[str]) -> str:
     h = hashlib.sha256()
     h.update(json.dumps({"format": CACHE_FORMAT, "model": model_sha, "images": _images_key(files), "tensors": tensors}).encode())
     return h.hexdigest()[:32]
@@ -267,7 +280,7 @@ def _budget_missed(after: dict[str, Any], max_drop: float | None, min_agreement:
     )
 
 
-def _write_cache(cpath: Path, key: str, model_sha: str, files: list[Path], n_read: int, ranges: dict[str, Any]) -> None:
+def _write_cache(cpath: Path, key: str, model_sha: str, files: list[str], n_read: int, ranges: dict[str, Any]) -> None:
     cache = {
         "format": CACHE_FORMAT,
         "key": key,
@@ -345,7 +358,7 @@ def _quantize(
 
 def calibrate(
     model_onnx: str | Path | OnnxArtifact = "model.onnx",
-    images: str | Path = "calibration",
+    images: str | Path | None = "calibration",
     out: str | Path | None = None,
     num_images: int = 512,
     batch_size: int = 32,
@@ -414,16 +427,16 @@ def calibrate(
     if not layers:
         raise VitdeployError(f"{src}: no MatMul/Conv layers to quantize were found; is it a ViT exported by vitdeploy?")
 
-    files = _sample_images(images, num_images, seed)
     warnings: list[str] = []
+    files = _sample_images(images, num_images, seed, manifest, warnings)
     tensors = tensors_to_calibrate(all_layers)
     model_sha = art.sha256
-    key = _cache_key(model_sha, files.items, tensors)
+    key = _cache_key(model_sha, files, tensors)
     cpath = calib_cache_name(dest)
     cached = _read_cache(cpath, key)
     reused = cached is not None
     ranges, n_read, skipped = cached + ([],) if cached else _fresh_ranges(
-        model, tensors, files, manifest, batch_size, images, progress)
+        model, tensors, files, manifest, batch_size, files.source, progress)
     if n_read < FEW_IMAGES:
         warnings.append(f"only {n_read} calibration images: 500 or more give stable ranges (fewer than {FEW_IMAGES} may not)")
     amax = {t: r[method] for t, r in ranges.items()}
@@ -464,7 +477,7 @@ def calibrate(
     if guard_info is not None:
         derived.extra["guard"] = guard_info
     if not reused:
-        _write_cache(cpath, key, model_sha, files.items, n_read, ranges)
+        _write_cache(cpath, key, model_sha, [files.name_of(i) for i in range(len(files))], n_read, ranges)
     try:
         written = _save(qmodel, derived, dest)
     except BaseException:
