@@ -823,7 +823,7 @@ def support_matrix(root: Path, arts: dict[str, OnnxArtifact], sha: dict[str, str
             if hit is None:
                 fname = f"{ONNX_NAMES[prec][: -len('.onnx')]}.{line}.onnx"
                 model = variant_graph(art.model, prec, line)
-                left = findings(model, line)
+                left = findings(model, line) or _invalid(model)
                 if left:
                     notes.append(f"{line}: no {prec} model it builds as intended ({left[0]}); build_engine.sh refuses "
                                  f"{prec} there")
@@ -853,6 +853,17 @@ def support_matrix(root: Path, arts: dict[str, OnnxArtifact], sha: dict[str, str
                 hit = fname
             matrix[line][prec] = hit
     return matrix
+
+
+def _invalid(model: Any) -> list[str]:
+    """The ONNX checker's complaint (full check: types and shapes inferred strictly) about a variant, else []."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as e:  # the checker raises several types; any of them means: do not ship it
+        return [f"the rewritten graph is invalid: {str(e).splitlines()[0][:160]}"]
+    return []
 
 
 def matrix_case(matrix: dict[str, dict[str, str]]) -> str:
