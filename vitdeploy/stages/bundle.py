@@ -102,14 +102,15 @@ def _onnx_io(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def resolve_models(
     models: Sequence[str | Path], workdir: Path, cwd: Path | None = None, remake: bool = True,
-    notes: list[str] | None = None,
+    notes: list[str] | None = None, images: Path | None = None,
 ) -> tuple[dict[str, Path], dict[str, OnnxArtifact], bool]:
     """{precision: ONNX path}, {precision: its OnnxArtifact, each read once}; a checkpoint is exported into
     ``workdir`` first. True when something was exported.
 
     Lineage: no stale artifact is returned. Each model is compared with the source its manifest records, the file
     beside it (model.int8.onnx → model.onnx → ckpt.pth); a stale one is re-made where the recorded settings say how
-    (``remake``), else refused in one line naming it and the command that re-makes it (StaleArtifact, exit 1)."""
+    (``remake``; ``images``: the folder to calibrate on when the recorded images are gone), else refused in one line
+    naming it and the command that re-makes it (StaleArtifact, exit 1)."""
     cwd = cwd or Path.cwd()
     notes = notes if notes is not None else []
     paths = [Path(m) for m in models]
@@ -143,7 +144,7 @@ def resolve_models(
     found: dict[str, Path] = {}
     arts: dict[str, OnnxArtifact] = {}
     for art in opened:
-        art = ensure_current(art, remake, notes)
+        art = ensure_current(art, remake, notes, images)
         prec = art.manifest.precision
         if prec in found:
             raise UsageError(f"two {prec} models given ({found[prec]} and {art.path}); pass one per precision")
@@ -152,7 +153,8 @@ def resolve_models(
     return found, arts, exported
 
 
-def ensure_current(art: OnnxArtifact, remake: bool = True, notes: list[str] | None = None) -> OnnxArtifact:
+def ensure_current(art: OnnxArtifact, remake: bool = True, notes: list[str] | None = None,
+                   images: Path | None = None) -> OnnxArtifact:
     """``art`` when its lineage is current (or unrecorded/missing: nothing to compare with), else the artifact
     re-made from the current source with the recorded settings; refused (StaleArtifact) where it cannot be.
 
@@ -163,22 +165,22 @@ def ensure_current(art: OnnxArtifact, remake: bool = True, notes: list[str] | No
     if m.precision != "fp32":
         src = source_link(art.path, m).source
         if src is not None and src.exists() and src.suffix == ".onnx":
-            ensure_current(OnnxArtifact.open(src), remake, notes)
+            ensure_current(OnnxArtifact.open(src), remake, notes, images)
     link = source_link(art.path, m)
     if link.status != STALE:
         return art
     assert link.source is not None
-    why = _cannot_remake(art, link.source) if remake else "re-making is off"
+    why = _cannot_remake(art, link.source, images) if remake else "re-making is off"
     if why is not None:
         raise StaleArtifact(
             f"{art.path} is stale: it was made from an earlier {link.source.name} ({why}); nothing written: re-make it "
             f"with `{remake_command(art.path, m)}`")
-    new = _remake(art, link.source, notes)
+    new = _remake(art, link.source, notes, images)
     notes.append(f"{art.path} was stale (made from an earlier {link.source.name}): re-made it")
     return new
 
 
-def _cannot_remake(art: OnnxArtifact, source: Path) -> str | None:
+def _cannot_remake(art: OnnxArtifact, source: Path, images: Path | None) -> str | None:
     """Why ``art`` cannot be re-made here with its recorded settings (None: it can)."""
     m = art.manifest
     if m.precision == "fp32":
@@ -188,7 +190,7 @@ def _cannot_remake(art: OnnxArtifact, source: Path) -> str | None:
     q = m.extra.get("quantization")
     if not isinstance(q, dict) or "method" not in q:
         return "no calibration record in its manifest (not made by vitdeploy calibrate)"
-    if _calibration_folder(art) is None:
+    if _calibration_folder(art, images) is None:
         return "its calibration images are gone and no --images folder or calibration/ is here"
     return None
 
@@ -212,18 +214,13 @@ def _recorded_images(art: OnnxArtifact) -> list[Path]:
     return out
 
 
-# set by bundle(): the --images folder the one rule takes first (ImageSet.for_model)
-_IMAGES: list[Path | None] = [None]
-
-
-def _calibration_folder(art: OnnxArtifact) -> tuple[Path, int] | None:
+def _calibration_folder(art: OnnxArtifact, images: Path | None) -> tuple[Path, int] | None:
     """(folder, number of images) to calibrate again on: the folder the recorded images came from while they all
     still exist there, else the one image rule (--images, then calibration/)."""
     files = _recorded_images(art)
     if files:
         root = Path(os.path.commonpath([str(f.parent) for f in files]))
         return root, len(files)
-    images = _IMAGES[0]
     if images is not None and Path(images).is_dir():
         return Path(images), 512
     if Path("calibration").is_dir() and list_images(Path("calibration")):
@@ -231,7 +228,7 @@ def _calibration_folder(art: OnnxArtifact) -> tuple[Path, int] | None:
     return None
 
 
-def _remake(art: OnnxArtifact, source: Path, notes: list[str]) -> OnnxArtifact:
+def _remake(art: OnnxArtifact, source: Path, notes: list[str], images: Path | None) -> OnnxArtifact:
     """Re-make ``art`` in place from ``source`` with the settings its manifest records."""
     m = art.manifest
     if m.precision == "fp32":
@@ -246,7 +243,7 @@ def _remake(art: OnnxArtifact, source: Path, notes: list[str]) -> OnnxArtifact:
     from vitdeploy.stages.precision import calibrate
 
     q = m.extra["quantization"]
-    folder = _calibration_folder(art)
+    folder = _calibration_folder(art, images)
     assert folder is not None
     guard = m.extra.get("guard") or {}
     ev = guard.get("eval")
@@ -591,11 +588,8 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     work.mkdir()
     say("reading models")
     notes: list[str] = []
-    _IMAGES[0] = Path(opts.check_images[0]) if len(opts.check_images) == 1 else None
-    try:
-        found, arts, exported = resolve_models(models, work, cwd, opts.remake, notes)
-    finally:
-        _IMAGES[0] = None
+    calib_dir = Path(opts.check_images[0]) if len(opts.check_images) == 1 else None
+    found, arts, exported = resolve_models(models, work, cwd, opts.remake, notes, calib_dir)
     manifests = {prec: a.manifest for prec, a in arts.items()}
     check_same_model({str(found[k]): m for k, m in manifests.items()})
     target = check_target(opts.target, {found[k]: m for k, m in manifests.items()})
