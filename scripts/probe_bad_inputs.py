@@ -20,11 +20,17 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
+import signal
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +45,10 @@ class Probe:
     outputs: list[str] = field(default_factory=list)  # paths (relative to the scratch folder) it may write
     slow: bool = False
     setup: str | None = None  # a named preparation run before the probe
+    check: str | None = None  # a named promise checked after the run (CHECKS), beyond exit code and files
+    umask: int | None = None  # run under this umask
+    timeout: float | None = None  # seconds before the probe counts as "still running" (default: --timeout)
+    signal_after: tuple[int, float] | None = None  # (signal, seconds after the workers started): Ctrl-C, a kill
 
 
 def probes() -> list[Probe]:
@@ -104,7 +114,126 @@ def probes() -> list[Probe]:
           "unreadable calibration images", outputs=["m.int8.onnx", "m.int8.calib.json"], slow=True),
         P(["export", "ckpt.pth", "-o", "e.onnx", "--images", "mixed"], 3, "unreadable parity images",
           outputs=["e.onnx"], slow=True),
+        # issue 23 item 1: a special file named as an output is written to in place, never renamed over
+        P(["doctor", "--json", "fifo.json"], 0, "--json a named pipe (read by a thread)", setup="fifo",
+          check="fifo_kept"),
+        P(["doctor", "--json", "stdout.json"], 0, "--json a link to /proc/self/fd/1", setup="fdlink",
+          check="fdlink_kept"),
+        P(["doctor", "--json", "null"], 0, "--json a character device (a /dev/null)", setup="chardev",
+          check="chardev_kept"),
+        P(["doctor", "--json", "link.json"], 0, "--json a symlink to another JSON file", setup="jsonlink",
+          outputs=["real.json"], check="jsonlink_kept"),
+        # item 2: outputs over inputs the output check did not see
+        P(["train", "--init", "ckpt.pth", "-o", "ckpt.pth", "--epochs", "1"], 2, "--init X -o X"),
+        P(["import", "hf", "-o", "hf/model.safetensors"], 2, "-o a Hugging Face folder's own weights"),
+        P(["verify", "model.onnx", "model.onnx", "--images", "img", "--report", "img"], 2,
+          "--report the --images folder"),
+        P(["verify", "model.onnx", "model.onnx", "--images", "img", "--report", "site"], 2,
+          "--report a folder with a user's index.html"),
+        P(["train", "--epochs", "1", "-o", "t.pth"], 0, "an earlier interrupted run's t.pth.partial",
+          setup="partial", outputs=["t.pth", "t.pth.partial", "t.pth.partial.1"], check="partial_kept", slow=True),
+        # item 3: a model whose logits are NaN never passes; JSON is strict
+        P(["verify", "model.onnx", "bad/nan.onnx", "--images", "img"], 1, "a candidate whose logits are NaN"),
+        P(["verify", "model.onnx", "bad/nan.onnx", "--images", "img", "--json", "-"], 1,
+          "--json - of a NaN candidate", check="stdout_strict_json"),
+        P(["infer", "img", "--model", "bad/nan.onnx"], 1, "infer with a NaN model", check="names_nan"),
+        P(["bundle", "bad/nan.onnx", "-o", "b", "--references", "2", "--check-images", "img"], 1,
+          "bundle a NaN model", slow=True),
+        # item 4: file names are bytes
+        P(["infer", "bytes", "-o", "x.csv"], 0, "a file name that is not UTF-8 (CSV)", outputs=["x.csv"],
+          check="csv_has_escaped_name"),
+        P(["calibrate", "model.onnx", "--images", "bytes", "-o", "m.int8.onnx", "--batch-size", "1"], 0,
+          "calibration images with a non-UTF-8 name", outputs=["m.int8.onnx", "m.int8.calib.json"], slow=True),
+        # item 5: the bundle follows the umask
+        P(["bundle", "model.onnx", "-o", "b", "--references", "2", "--check-images", "img"], 0,
+          "bundle under umask 077", umask=0o077, outputs=["b"], check="bundle_umask_077", slow=True),
+        # item 6: benchmark has an end
+        P(["benchmark", "model.onnx", "--seconds", "inf", "--batch-sizes", "1"], 2, "--seconds inf", timeout=60),
+        P(["benchmark", "model.onnx", "--seconds", "1e300", "--batch-sizes", "1"], 2, "--seconds 1e300",
+          timeout=60),
+        P(["benchmark", "model.onnx", "--seconds", "0.001", "--batch-sizes", "1", "--backends", "onnxruntime"], 2,
+          "--seconds 0.001 (no full round)", timeout=120, slow=True),
+        P(["benchmark", "model.onnx", "--batch-sizes", "1 8"], 2, "--batch-sizes '1 8' (not 18)"),
+        P(["benchmark", "model.onnx", "--batch-sizes", "1,,8"], 2, "--batch-sizes '1,,8'"),
+        P(["benchmark", "model.onnx", "--seconds", "600", "--batch-sizes", "1", "--backends", "onnxruntime"], 130,
+          "Ctrl-C while a worker is busy", signal_after=(signal.SIGINT, 3.0), check="stopped_at_once", slow=True),
+        P(["benchmark", "model.onnx", "--seconds", "600", "--batch-sizes", "1", "--backends", "onnxruntime"], -9,
+          "the parent killed (SIGKILL) mid-round", signal_after=(signal.SIGKILL, 3.0), check="no_workers_left",
+          slow=True),
+        P(["bundle", "model.onnx", "--references", "1000000000"], 2, "--references 1000000000"),
+        # item 9: a full disk (a small tmpfs) leaves nothing behind
+        P(["calibrate", "model.onnx", "--images", "img", "-o", "full/m.int8.onnx", "--batch-size", "1"], 1,
+          "a full disk (calibrate)", setup="full:64k", check="full_empty", slow=True),
+        P(["verify", "model.onnx", "model.onnx", "--images", "img2", "--report", "full/r"], 1,
+          "a full disk (verify --report)", setup="full:24k", check="full_empty", slow=True),
+        P(["explain", "img/a.png", "img2/a.png", "--model", "model.onnx", "-o", "full/maps", "--batch-size", "1"], 1,
+          "a full disk (explain)", setup="full:map", check="full_empty", slow=True),
+        P(["train", "--epochs", "3", "-o", "full/t.pth"], 1, "a full disk (train's .partial)", setup="full:ckpt",
+          check="full_empty", slow=True),
+        # item 10
+        P(["export", "bad/legacy.pth"], 1, "a legacy (non-zip) torch.save file", check="says_legacy"),
     ]
+
+
+# ------------------------------------------------------------------ promises beyond exit code and files
+
+
+def _workers(root: Path) -> list[int]:
+    """This scratch folder's benchmark workers still alive (their command line names an artifact in it)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes()
+            state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if b"vitdeploy.tools.bench_worker" in cmd and os.fsencode(root) in cmd and state != "Z":
+            out.append(int(d))
+    return out
+
+
+def _strict(text: str) -> str | None:
+    def bare(c: str) -> None:
+        raise ValueError(f"bare {c}")
+
+    try:
+        json.loads(text, parse_constant=bare)
+    except ValueError as e:
+        return f"not strict JSON ({str(e)[:40]})"
+    return None
+
+
+def _modes_under_077(root: Path) -> str | None:
+    b = root / "b"
+    loose = [p for p in [b, *b.rglob("*")] if stat.S_IMODE(p.lstat().st_mode) & 0o077] if b.is_dir() else []
+    return f"{len(loose)} group/other-readable, e.g. {loose[0].relative_to(root)}" if loose else None
+
+
+CHECKS: dict[str, Callable[[Path, subprocess.CompletedProcess[str], float], str | None]] = {
+    "fifo_kept": lambda r, p, t: None if stat.S_ISFIFO((r / "fifo.json").lstat().st_mode) else "the FIFO was replaced",
+    "fdlink_kept": lambda r, p, t: None if (r / "stdout.json").is_symlink() and '"python"' in p.stdout
+    else "the /proc link was replaced",
+    "chardev_kept": lambda r, p, t: None if stat.S_ISCHR((r / "null").lstat().st_mode) else "the device was replaced",
+    "jsonlink_kept": lambda r, p, t: None if (r / "link.json").is_symlink() and '"python"' in (r / "real.json").read_text()
+    else "the symlink was replaced (its target kept its old content)",
+    "partial_kept": lambda r, p, t: None if any(f.is_file() and f.read_bytes() == EARLIER for f in r.iterdir())
+    else "the earlier run's partial best was overwritten",
+    "stdout_strict_json": lambda r, p, t: _strict(p.stdout),
+    "names_nan": lambda r, p, t: None if "NaN" in p.stderr else "NaN not named",
+    "csv_has_escaped_name": lambda r, p, t: None if "bad\\xff.png" in (r / "x.csv").read_text(encoding="utf-8")
+    else "the name is missing",
+    "bundle_umask_077": lambda r, p, t: _modes_under_077(r),
+    "stopped_at_once": lambda r, p, t: (f"took {t:.0f} s to stop" if t > 10 else None) or
+    (f"{len(w)} worker(s) left running" if (w := _workers(r)) else None),
+    "no_workers_left": lambda r, p, t: (f"{len(w)} worker(s) still running 10 s after the parent died"
+                                        if (w := _workers(r)) else None),
+    "full_empty": lambda r, p, t: (f"left {', '.join(sorted(f.name for f in (r / 'full').iterdir()))[:40]}"
+                                   if any((r / "full").iterdir()) else None),
+    "says_legacy": lambda r, p, t: None if "legacy" in p.stderr else "not named a legacy torch.save file",
+}
+EARLIER = b"the best epoch of an earlier, interrupted run"
 
 
 # ------------------------------------------------------------------ the scratch folder
@@ -135,11 +264,39 @@ def make_scratch(root: Path, code: Path) -> None:
     for f in val[:6]:
         shutil.copy(f, root / "mixed" / f"{f.parent.name}_{f.name}")
     (root / "mixed" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    # issue 23: a NaN model, a non-UTF-8 file name, a legacy pickle, a Hugging Face folder, a user's web page
+    (root / "bad").mkdir()  # not beside model.onnx: infer and benchmark would pick the newest model there
+    subprocess.run([sys.executable, "-c", NAN_MODEL, str(root / "model.onnx"), str(root / "bad" / "nan.onnx")],
+                   check=True,
+                   env=env, capture_output=True, timeout=600)
+    (root / "bytes").mkdir()
+    shutil.copy(val[2], root / "bytes" / "ok.png")
+    shutil.copy(val[3], os.path.join(os.fsencode(root / "bytes"), b"bad\xff.png"))
+    subprocess.run([sys.executable, "-c", "import sys, torch; torch.save({'w': torch.zeros(2)}, sys.argv[1], "
+                    "_use_new_zipfile_serialization=False)", str(root / "bad" / "legacy.pth")], check=True, capture_output=True)
+    (root / "hf").mkdir()
+    (root / "hf" / "config.json").write_text('{"model_type": "vit"}')
+    (root / "hf" / "model.safetensors").write_bytes(b"the folder's own weights")
+    (root / "site").mkdir()
+    (root / "site" / "index.html").write_text("<html>a user's own page</html>\n")
     # a real PNG whose pixel count is over PIL's decompression-bomb limit (2 x MAX_IMAGE_PIXELS): it compresses small
     bomb = Image.fromarray(np.zeros((1, 1), np.uint8))
     bomb = bomb.resize((16000, 12000))
     bomb.save(root / "mixed" / "bomb.png")
     shutil.rmtree(root / "digits")
+
+
+NAN_MODEL = """
+import sys, numpy as np, onnx
+from onnx import helper, numpy_helper
+m = onnx.load(sys.argv[1])
+out = m.graph.output[0].name
+for node in m.graph.node:
+    node.output[:] = [o + "_pre_nan" if o == out else o for o in node.output]
+m.graph.initializer.append(numpy_helper.from_array(np.array(np.nan, np.float32), "nan_scale"))
+m.graph.node.append(helper.make_node("Mul", [out + "_pre_nan", "nan_scale"], [out]))
+onnx.save(m, sys.argv[2])
+"""
 
 
 def pristine(root: Path) -> Path:
@@ -162,6 +319,41 @@ def prepare(root: Path, what: str | None) -> None:
     elif what == "notes":
         (root / "notes").mkdir(exist_ok=True)
         (root / "notes" / "mine.txt").write_text("a user's notes\n")
+    elif what == "fifo":
+        os.mkfifo(root / "fifo.json")
+
+        def drain() -> None:  # a reader, so the writer's open() returns; it ends when the writer closes
+            with open(root / "fifo.json", "rb") as f:
+                f.read()
+
+        threading.Thread(target=drain, daemon=True).start()
+    elif what == "fdlink":
+        (root / "stdout.json").symlink_to("/proc/self/fd/1")
+    elif what == "chardev":
+        os.mknod(root / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # the device /dev/null is
+    elif what == "jsonlink":
+        (root / "real.json").write_text('{"old": true}\n')
+        (root / "link.json").symlink_to(root / "real.json")
+    elif what == "partial":
+        (root / "t.pth.partial").write_bytes(EARLIER)
+    elif what and what.startswith("full:"):
+        size = what.split(":", 1)[1]
+        if size == "ckpt":  # room for one checkpoint, not two: the second epoch's partial fills it
+            size = str(int((root / "ckpt.pth").stat().st_size * 1.5))
+        elif size == "map":  # room for about one attention map
+            size = "160k"
+        (root / "full").mkdir(exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(root / "full")], check=True)
+
+
+def teardown(root: Path, what: str | None) -> None:
+    """Undo what ``prepare`` made that a snapshot or restore cannot copy (a FIFO, a device, a mount)."""
+    if what and what.startswith("full:"):
+        subprocess.run(["umount", str(root / "full")], check=False)
+        shutil.rmtree(root / "full", ignore_errors=True)
+    special = {"fifo": "fifo.json", "chardev": "null", "fdlink": "stdout.json"}
+    if what in special:
+        (root / special[what]).unlink(missing_ok=True)
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -191,18 +383,51 @@ class Row:
     broken: list[str]
 
 
+def _run(argv: list[str], root: Path, env: dict[str, str], p: Probe, timeout: float) -> tuple[
+        subprocess.CompletedProcess[str], float]:
+    """Run one probe's command; with ``signal_after``, signal it that long after its workers started (Ctrl-C, a
+    kill) and return how long it took to end after the signal."""
+    pre = (lambda: os.umask(p.umask)) if p.umask is not None else None  # noqa: E731
+    proc = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            errors="backslashreplace", preexec_fn=pre)
+    took = 0.0
+    if p.signal_after is not None:
+        sig, wait = p.signal_after
+        end = time.monotonic() + timeout
+        while not _workers(root) and proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.2)
+        time.sleep(wait)
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        took = time.monotonic() - t0
+        time.sleep(10 if sig == signal.SIGKILL else 1)  # a killed parent's workers: do they end?
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # still working after --timeout: the bad input was taken, not refused
+        proc.kill()
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(argv, -9, out, err + "\n(killed: still running after the probe's timeout)"), took
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err), took
+
+
 def run_probe(p: Probe, root: Path, code: Path, timeout: float) -> Row:
     prepare(root, p.setup)
     before, top = snapshot(root), fs_root()
     args = [a.replace("{w}", str(root)) for a in p.args]
     env = {**os.environ, "PYTHONPATH": str(code), "COLUMNS": "200"}
-    try:
-        r = subprocess.run([sys.executable, "-m", "vitdeploy", *args], cwd=root, env=env, capture_output=True,
-                           text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:  # still working after --timeout: the bad input was taken, not refused
-        out = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        r = subprocess.CompletedProcess(e.cmd, -9, "", out + "\n(killed: still running after the probe's timeout)")
+    r, took = _run([sys.executable, "-m", "vitdeploy", *args], root, env, p, p.timeout or timeout)
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    try:
+        promise = CHECKS[p.check](root, r, took) if p.check else None
+    except (OSError, ValueError) as e:  # e.g. the output it should have written is not there
+        promise = f"{p.check}: {type(e).__name__}"
+    for w in _workers(root):  # a benchmark worker that outlived its parent: end it, the next probe starts clean
+        os.kill(w, signal.SIGKILL)
+    teardown(root, p.setup)
     after = snapshot(root)
     changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
     outside_root = sorted(fs_root() - top)
@@ -225,9 +450,12 @@ def run_probe(p: Probe, root: Path, code: Path, timeout: float) -> Row:
         broken.append("files outside the output")
     if outside_root:
         broken.append(f"wrote to / ({', '.join(outside_root)[:60]})")
+    if promise:
+        broken.append(promise)
     if changed:  # the next probe starts from the same files
         restore(root)
-    return Row(p, r.returncode, (err[-1] if err else "")[:90], "Traceback" in r.stderr, changed + outside_root, broken)
+    shown = [c.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace") for c in changed + outside_root]
+    return Row(p, r.returncode, (err[-1] if err else "")[:90], "Traceback" in r.stderr, shown, broken)
 
 
 def main(argv: list[str] | None = None) -> int:

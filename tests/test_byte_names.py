@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from vitdeploy.core.fileio import printable_name, strict_json
-
 VENV_BIN = Path(sys.executable).parent
 BAD = b"bad\xff.png"
 
@@ -41,6 +39,8 @@ def work(digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_printable_name_escapes_bytes_that_are_not_utf8() -> None:
+    from vitdeploy.core.fileio import printable_name, strict_json
+
     assert printable_name(os.fsdecode(BAD)) == "bad\\xff.png"
     assert printable_name(BAD) == "bad\\xff.png"
     assert printable_name("café.png") == "café.png"

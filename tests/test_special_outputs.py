@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vitdeploy.core.errors import UsageError
-from vitdeploy.core.fileio import check_output, output_kind, strict_json, write_text_atomic
+from vitdeploy.core.fileio import check_output, write_text_atomic
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -57,6 +57,8 @@ def test_doctor_json_dev_stdout_prints_json_to_stdout(tmp_path: Path) -> None:
 def test_a_link_to_proc_fd_is_written_in_place_and_stays_a_link(tmp_path: Path) -> None:
     sink = tmp_path / "sink.txt"
     link = tmp_path / "stdout.json"
+    from vitdeploy.core.fileio import output_kind
+
     with open(sink, "w") as f:
         link.symlink_to(f"/proc/{os.getpid()}/fd/{f.fileno()}")
         assert output_kind(link) == "channel"
@@ -67,6 +69,8 @@ def test_a_link_to_proc_fd_is_written_in_place_and_stays_a_link(tmp_path: Path) 
 
 
 def test_a_character_device_is_written_in_place(tmp_path: Path) -> None:
+    from vitdeploy.core.fileio import output_kind
+
     dev = tmp_path / "null"
     try:
         os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # the same device as /dev/null
@@ -112,6 +116,8 @@ def test_a_file_inside_an_input_folder_is_refused(tmp_path: Path) -> None:
 
 def test_strict_json_writes_null_and_a_note_for_nan() -> None:
     import numpy as np
+
+    from vitdeploy.core.fileio import strict_json
 
     text = strict_json({"passed": False, "max_abs_diff": float("nan"), "rows": [np.float32("inf"), 1.0]})
     doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in JSON"))

@@ -270,7 +270,7 @@ def infer(
         if own:
             runner.close()
     if not res.predictions:
-        first = f" (e.g. {res.skipped[0][0]}: {res.skipped[0][1]})" if res.skipped else ""
+        first = f" (e.g. {printable_name(res.skipped[0][0])}: {res.skipped[0][1]})" if res.skipped else ""
         raise VitdeployError(f"none of the {len(paths)} image(s) could be read{first}")
     return res
 
