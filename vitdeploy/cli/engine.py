@@ -90,7 +90,8 @@ def build_engine(
             console.print(f"# {e.artifact} is ready. On the target, in this folder:", highlight=False, soft_wrap=True)
             for line in e.commands:
                 console.print(line, highlight=False, soft_wrap=True, markup=False)
-            next_step(f"vitdeploy bundle -i {calib}   (packs the models here with build_engine.sh for the device)")
+            given = f" -i {calib}" if Path(calib).is_dir() else ""  # (else the images the one rule picks)
+            next_step(f"vitdeploy bundle{given}   (packs the models here with build_engine.sh for the device)")
             raise typer.Exit(EXIT_PARTIAL) from None
     rec = result.record
     console.print(

@@ -88,7 +88,8 @@ def calibrate(
             f"(drop {f['drop_points']:.2f} points), agreement {f['agreement']:.2%}",
             highlight=False,
         )
-    next_step(f"vitdeploy build-engine {result.path}", f"vitdeploy bundle {model} {result.path} -i {images}")
+    given = f" -i {images}" if Path(images).is_dir() else ""
+    next_step(f"vitdeploy build-engine {result.path}", f"vitdeploy bundle {model} {result.path}{given}")
     if result.skipped:  # written from the readable images, as infer and verify do: partly done
         from vitdeploy.core.errors import EXIT_PARTIAL, VitdeployError
 
