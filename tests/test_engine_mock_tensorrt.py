@@ -104,8 +104,11 @@ class FakeHostCuda:
 def mocked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.chdir(tmp_path)
     write_linear_onnx(tmp_path / "model.onnx")
+    import fake_libcuda
+
     fake_cuda = FakeHostCuda()
     monkeypatch.setattr(cuda, "CudaRuntime", lambda *a, **k: fake_cuda)
+    fake_libcuda.install(monkeypatch)  # the GPU probe asks the driver (libcuda): it lists one GPU
     state: dict[str, Any] = {"calls": [], "onnx": {}, "cuda": fake_cuda}
 
     def install(version: str, **switches: Any) -> list[tuple]:
