@@ -160,7 +160,7 @@ def probes() -> list[Probe]:
         P(["benchmark", "model.onnx", "--seconds", "600", "--batch-sizes", "1", "--backends", "onnxruntime"], -9,
           "the parent killed (SIGKILL) mid-round", signal_after=(signal.SIGKILL, 3.0), check="no_workers_left",
           slow=True),
-        P(["bundle", "model.onnx", "--references", "1000000000"], 2, "--references 1000000000"),
+        P(["bundle", "model.onnx", "--references", "1000000000"], 2, "--references 1000000000", timeout=60),
         # item 9: a full disk (a small tmpfs) leaves nothing behind
         P(["calibrate", "model.onnx", "--images", "img", "-o", "full/m.int8.onnx", "--batch-size", "1"], 1,
           "a full disk (calibrate)", setup="full:64k", check="full_empty", slow=True),

@@ -102,3 +102,12 @@ def test_bundle_refuses_a_nan_model_and_writes_nothing(work: Path) -> None:
     assert "NaN or Inf" in r.stderr and len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1, r.stderr
     assert not (work / "b").exists()
     assert not [p for p in work.iterdir() if p.name.startswith(".b")]
+
+
+def test_the_calibrate_guard_counts_a_nan_int8_model_wrong_on_every_image() -> None:
+    from vitdeploy.checks.guard import figures
+
+    ref = np.zeros((4, 3))
+    ref[:, 0] = 5.0  # class 0 everywhere: where NaN's argmax (0) used to agree and count as correct
+    f = figures(ref, np.full((4, 3), np.nan), np.zeros(4, int))
+    assert f.fp32_top1 == 1.0 and f.int8_top1 == 0.0 and f.agreement == 0.0 and f.drop_points == 100.0

@@ -189,6 +189,6 @@ def test_bundle_files_and_folders_follow_the_umask(work: Path, tmp_path: Path) -
 
 def test_bundle_references_are_bounded(work: Path, tmp_path: Path) -> None:
     r = vitdeploy("bundle", str(work / "model.onnx"), "-o", str(tmp_path / "b"), "--references", "1000000000",
-                  cwd=tmp_path)
+                  "--check-images", str(work / "img"), cwd=tmp_path)  # 4 images: bounded even where unchecked
     assert r.returncode == 2, r.stdout + r.stderr
     assert listing(tmp_path) == []
