@@ -14,24 +14,29 @@ from typing import Any
 import onnx
 import onnxruntime as ort
 import pytest
-from test_embed import export_onnx_for_tests
 
 from vitdeploy.stages.engine import BuildOptions, EngineNotBuilt, build_engine
 
 CALIB = Path(__file__).resolve().parents[1] / "calibration"
 
 
-@pytest.fixture(scope="module")
-def fp32(digits_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("loads") / "model.onnx"
-    export_onnx_for_tests(digits_ckpt, out)
-    return out
+@pytest.fixture
+def fp32(digits_onnx: Path) -> Path:
+    return digits_onnx  # copied into tmp_path by each test before use
 
 
-def _counted(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter[str], Counter[str]]:
+def _counted(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter[str], Counter[str], Counter[str]]:
+    """Counters of onnx.load per file, ONNX Runtime sessions per file, and image decodes per image file."""
+    import vitdeploy.core.preprocess as preprocess
+
     loads: Counter[str] = Counter()
     sessions: Counter[str] = Counter()
-    real_load, real_session = onnx.load, ort.InferenceSession
+    decodes: Counter[str] = Counter()
+    real_load, real_session, real_decode = onnx.load, ort.InferenceSession, preprocess.load_image
+
+    def counted_decode(path: Any) -> Any:
+        decodes[Path(str(path)).name] += 1
+        return real_decode(path)
 
     def counted_load(f: Any, *a: Any, **k: Any) -> Any:
         loads[Path(str(f)).name] += 1
@@ -44,7 +49,8 @@ def _counted(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter[str], Counter[str
 
     monkeypatch.setattr(onnx, "load", counted_load)
     monkeypatch.setattr(ort, "InferenceSession", CountedSession)
-    return loads, sessions
+    monkeypatch.setattr(preprocess, "load_image", counted_decode)
+    return loads, sessions, decodes
 
 
 @pytest.mark.parametrize("flags", [{"int8": True}, {"fp16": True}, {}], ids=["int8", "fp16", "as-is"])
@@ -54,7 +60,7 @@ def test_build_engine_reads_its_source_onnx_once(fp32: Path, tmp_path: Path, mon
     once, the artifact written is not read back, and ONNX Runtime opens each file at most once (the check)."""
     src = tmp_path / "model.onnx"
     shutil.copy(fp32, src)
-    loads, sessions = _counted(monkeypatch)
+    loads, sessions, decodes = _counted(monkeypatch)
     calib = tmp_path / "calib"
     calib.mkdir()
     for f in sorted(CALIB.glob("*.png"))[:40]:
@@ -71,3 +77,6 @@ def test_build_engine_reads_its_source_onnx_once(fp32: Path, tmp_path: Path, mon
         assert loads[made] == 0, dict(loads)
         assert sessions["model.onnx"] <= 1 and sessions[made] <= 1, dict(sessions)
     assert sum(loads.values()) == 1, dict(loads)
+    if "int8" in flags:  # calibration and the artifact's check share one decode of each calibration image
+        assert decodes and max(decodes.values()) == 1, dict(decodes)
+        assert set(decodes) <= {f.name for f in calib.iterdir()}

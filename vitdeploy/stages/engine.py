@@ -11,6 +11,7 @@ TensorRT or a GPU is missing, the precision artifact is still written and ``Engi
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,13 +143,28 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
     build = BuildSpec(plan.artifact, plan.engine, art.input.name, list(art.input.dims), profile, plan.precision,
                       o.workspace, o.timing_cache, o.dla_core, o.version_compatible)
     if env.missing is not None:
-        raise EngineNotBuilt(plan.artifact, made, env.missing, finish_commands(build, art.opset))
+        raise EngineNotBuilt(plan.artifact, made, env.missing, finish_commands(build, art.opset, refusal(art)))
     problem = opset_problem(art.opset, env.version or "0")
     if problem:
         raise OpsetTooNew(f"{plan.artifact} is written, but {problem}")
     notes = {"artifact_check": made["check"]} if made and made.get("check") else None  # against FP32, under ORT
     built = compile_engine(build, env, art.manifest, art.model, emit, notes)
     return BuildResult(built.engine, built.sidecar, plan.artifact, built.record, made)
+
+
+def refusal(art: OnnxArtifact) -> Callable[[str], str | None]:
+    """Why a TensorRT version would not build ``art`` as intended (checks.conformance, the rules `check-target` runs:
+    its parser's operators and opset, and for INT8 the strongly typed build's float16 scales), or None."""
+    from vitdeploy.checks import conformance
+
+    def why(version: str) -> str | None:
+        target = target_of_version(version)
+        for rep in (conformance.check_onnx(art.model, target), conformance.check_int8_intent(art.model, target)):
+            if not rep.ok:
+                return f"check-target {target}: {rep.findings[0].line()[:120]}" if rep.findings else f"fails {target}"
+        return None
+
+    return why
 
 
 def kept_guard(artifact: Path) -> None:

@@ -9,11 +9,12 @@ what vitdeploy would. trtexec's options per release come from the version table 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 from vitdeploy.core import trt_table
 from vitdeploy.runners.tensorrt.builder import BuildSpec
-from vitdeploy.runners.tensorrt.versions import max_opset, opset_problem, parse_version, target_hint
+from vitdeploy.runners.tensorrt.versions import base_stem, max_opset, opset_problem, parse_version, target_hint
 
 
 def _shape(s: tuple[int, ...]) -> str:
@@ -65,9 +66,12 @@ def trtexec_command(spec: BuildSpec, trt_version: str) -> str:
     return " ".join(parts)
 
 
-def finish_commands(spec: BuildSpec, opset: int | None = None) -> list[str]:
+def finish_commands(spec: BuildSpec, opset: int | None = None,
+                    refuses: Callable[[str], str | None] | None = None) -> list[str]:
     """The lines that finish the job on the target: vitdeploy (writes the sidecar), then trtexec per TensorRT version;
-    with ``opset``, a note for each version whose parser cannot read it."""
+    with ``opset``, a note for each version whose parser cannot read it. ``refuses(version)``: why that TensorRT would
+    not build the artifact as intended (the stage's conformance check), or None; such a version gets no trtexec
+    line, only the command that re-makes the artifact for it, so no line we print builds something else."""
     lines = [vitdeploy_command(spec)]
     variants: list[tuple[str, str]]
     if spec.dla_core is None:
@@ -75,8 +79,18 @@ def finish_commands(spec: BuildSpec, opset: int | None = None) -> list[str]:
     else:  # DLA only where it exists: 8.5/8.6 (JetPack 5/6.0), 10.0-10.7 (JetPack 6), 11.4.1+ (JetPack 7.2.2+)
         variants = [("TensorRT 11.4.1+ (JetPack 7.2.2+)", "11.4.1"), ("TensorRT 10.0-10.7", "10.0")]
     variants.append(("TensorRT 8.6", "8.6") if spec.version_compatible else ("TensorRT 8.5/8.6", "8.5"))
+    if refuses is not None and ("TensorRT 8.5/8.6", "8.5") in variants and (refuses("8.5") is None) != (refuses("8.6") is None):
+        i = variants.index(("TensorRT 8.5/8.6", "8.5"))  # one line each where the two parsers differ on this artifact
+        variants[i : i + 1] = [("TensorRT 8.6", "8.6"), ("TensorRT 8.5", "8.5")]
     for label, version in variants:
-        lines.append(f"# or, {label}:  {trtexec_command(spec, version)}")
+        why = refuses(version) if refuses is not None else None
+        if why is None:
+            lines.append(f"# or, {label}:  {trtexec_command(spec, version)}")
+        else:
+            fp32 = spec.artifact.parent / (base_stem(spec.artifact) + ".onnx")
+            remake = (f"vitdeploy build-engine {_q(fp32)} --{spec.precision} --target {target_hint(version)}"
+                      if spec.precision in ("int8", "fp16") else f"vitdeploy export CHECKPOINT --target {target_hint(version)}")
+            lines.append(f"# not for {label} as made ({why}): re-make it for that TensorRT with `{remake}`")
     if opset is not None:
         for label, version in variants:
             if opset_problem(opset, version):
