@@ -114,3 +114,18 @@ def test_int8_of_the_50x_spread_model_agrees_better_with_fp32_after_smoothing(wo
     print(f"INT8 vs FP32 on {len(ev.y)} images: 50x spread agreement {agree_spread:.4f} mean|dlogit| {err_spread:.4g}; "
           f"smoothed (alpha 0.5) agreement {agree_smooth:.4f} mean|dlogit| {err_smooth:.4g}")
     assert agree_smooth >= agree_spread and err_smooth < err_spread / 2
+
+
+def test_numerics_flags_the_spread_for_int8_and_smoothing_clears_it(work: Path) -> None:
+    from vitdeploy.checks.numerics import numerics
+
+    src = work / "model.onnx"
+    spread = with_spread(onnx.load(str(src)), K, CHANNELS)
+    onnx.save(spread, str(work / "spread.numerics.onnx"))
+    onnx.save(smooth(spread, channel_max(spread, _batches(src)), alpha=0.5).model, str(work / "smoothed.numerics.onnx"))
+    before = numerics(work / "spread.numerics.onnx", CALIB, num_images=64)
+    after = numerics(work / "smoothed.numerics.onnx", CALIB, num_images=64)
+    flagged = {t.tensor for t in before.tensors if "int8_spread" in t.flags}
+    outputs = {s.output for s in sites(spread)}
+    assert flagged and flagged <= outputs  # exactly the LayerNorm outputs the spread was put in
+    assert not any("int8_spread" in t.flags for t in after.tensors)
