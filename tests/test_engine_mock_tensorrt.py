@@ -468,3 +468,46 @@ def test_mock_tensorrt_build_says_cuda_and_the_driver_when_tensorrt_cannot_start
     msg = str(e.value)
     assert f"trt.{failing}" in msg and "CUDA" in msg and "driver" in msg and "\n" not in msg
     assert not list(Path(".").glob("*.engine"))
+
+
+# NVIDIA's own engine-inspector output (tests/data/inspector/README.md names each source): what a real engine reports.
+INSPECTOR = Path(__file__).parent / "data" / "inspector"
+
+
+@pytest.mark.parametrize("published,written", [("trex-resnet18-A100-fp16.graph.json", True),
+                                               ("trex-resnet18-A100-fp32.graph.json", False)])
+def test_mock_tensorrt_build_records_the_precision_receipt_and_rejects_a_missed_precision(
+        mocked: Any, monkeypatch: pytest.MonkeyPatch, published: str, written: bool) -> None:
+    """The builder asks for detailed layer information and reads the engine back through the inspector. An FP16 build
+    whose layers run FP16 (NVIDIA's published FP16 ResNet-18 engine) is written with its receipt in the sidecar; one
+    whose GEMMs all run FP32 (the published FP32 engine) is refused, exit 1, the plan kept as .rejected."""
+    from vitdeploy.core.errors import VitdeployError
+    from vitdeploy.runners.tensorrt import builder
+    from vitdeploy.stages.engine import BuildOptions, build_engine
+
+    write_linear_onnx(Path("model.fp16.onnx"), precision="fp16")
+    calls = mocked["install"]("10.3.0.30")
+    monkeypatch.setattr(builder, "engine_information", lambda engine: (INSPECTOR / published).read_text())
+    if written:
+        build_engine("model.fp16.onnx", BuildOptions())
+        receipt = json.loads(sidecar_path("model.fp16.engine").read_text())["engine"]["receipt"]
+        assert receipt["status"] == "ok" and receipt["gemm_share"] == {"FP16": 1.0}
+        assert Path("model.fp16.engine").exists() and not Path("model.fp16.engine.rejected").exists()
+    else:
+        with pytest.raises(VitdeployError, match=r"not written: FP16 was requested but 0\.0% of the GEMM FLOPs"):
+            build_engine("model.fp16.onnx", BuildOptions())
+        assert not Path("model.fp16.engine").exists() and Path("model.fp16.engine.rejected").exists()
+        side = json.loads(sidecar_path("model.fp16.engine.rejected").read_text())
+        assert side["engine"]["receipt"]["gemm_share"] == {"FP32": 1.0}
+    assert any(c[0] == "deserialize" for c in calls)  # the plan was read back to be inspected
+
+
+def test_mock_tensorrt_build_without_an_inspector_says_the_receipt_is_unknown(mocked: Any) -> None:
+    """The mock has no engine inspector (NVIDIA's bindings list it; the mock does not model it): the receipt is
+    "unknown" with the reason, the engine is written, and nothing is guessed."""
+    from vitdeploy.stages.engine import BuildOptions, build_engine
+
+    mocked["install"]("10.3.0.30")
+    build_engine("model.onnx", BuildOptions())
+    receipt = json.loads(sidecar_path("model.fp32.engine").read_text())["engine"]["receipt"]
+    assert receipt["status"] == "unknown" and "inspector" in receipt["reason"]

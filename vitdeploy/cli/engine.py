@@ -71,7 +71,7 @@ def build_engine(
                 prog.update(task, total=d["total"], completed=d["done"])
             elif kind == "check":  # a new task: rich's update(total=None) keeps the calibration total (0/512 before)
                 prog.remove_task(task)
-                task = prog.add_task(f"checking {d['path']} against {model.name}", total=None)
+                task = prog.add_task(f"checking {d['path']} against {model.name}", total=d.get("total") or None)
             elif kind == "artifact-done":
                 report_artifact(d)
             elif kind == "warning":
@@ -100,9 +100,20 @@ def build_engine(
         f"sidecar {result.sidecar.name}",
         highlight=False,
     )
+    console.print(receipt_line(rec.get("receipt") or {}), highlight=False, soft_wrap=True, markup=False)
     next_step(f"vitdeploy verify {model} {result.engine} -i IMAGES", f"vitdeploy infer IMAGES -m {result.engine}")
     if result.made and result.made["skipped"]:
         raise typer.Exit(EXIT_PARTIAL)
+
+
+def receipt_line(r: dict) -> str:
+    """The engine's precision receipt in one line: where the GEMM FLOPs run, attention, the FP32 layers."""
+    if r.get("status") != "ok":
+        return f"precision receipt: unknown ({r.get('reason') or 'no layer information'})"
+    share = ", ".join(f"{k} {v:.0%}" for k, v in sorted((r.get("gemm_share") or {}).items(), key=lambda kv: -kv[1]))
+    att = (r.get("attention") or {}).get("fused")
+    return (f"precision receipt: GEMM FLOPs {share or 'not given'}; attention "
+            f"{'fused' if att else 'not fused' if att is False else 'unknown'}; {len(r.get('fp32_layers') or [])} FP32 layers")
 
 
 def report_artifact(made: dict) -> None:

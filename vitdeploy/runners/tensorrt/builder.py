@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.core.fileio import atomic_path, sha256_file
 from vitdeploy.core.manifest import Manifest, sidecar_path, tool_versions
+from vitdeploy.runners.tensorrt.inspector import UNKNOWN, Receipt, engine_information, judge, receipt_from_json
 from vitdeploy.runners.tensorrt.probe import TensorRTEnv
 from vitdeploy.runners.tensorrt.versions import NetworkPlan, Profile, engine_record, network_plan
 
@@ -104,11 +106,11 @@ def compile_engine(spec: BuildSpec, env: TensorRTEnv, manifest: Manifest, graph:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(spec.workspace * (1 << 30)))
     for flag in nplan.builder_flags:
         config.set_flag(getattr(trt.BuilderFlag, flag))
+    # the layer information the precision receipt reads (IBuilderConfig.profiling_verbosity: every binding 8.6.1-11.4)
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     if "OBEY_PRECISION_CONSTRAINTS" in nplan.builder_flags:
         if graph is None:
-            import onnx
-
-            graph = onnx.load(str(spec.artifact), load_external_data=False)
+            graph = OnnxArtifact.open(spec.artifact).model
         say("pinned", {"layers": pin_float32_layers(trt, network, graph)})
     if spec.dla_core is not None:
         config.default_device_type = trt.DeviceType.DLA
@@ -137,8 +139,20 @@ def compile_engine(spec: BuildSpec, env: TensorRTEnv, manifest: Manifest, graph:
     )
     record["built_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     record.update(notes or {})
+    receipt = engine_receipt(trt, serialized, log)
+    record["receipt"] = receipt.to_dict()
+    say("receipt", record["receipt"])
+    missed = judge(receipt, spec.precision)
     side = sidecar_manifest(manifest, record, spec.artifact)
     sidecar = sidecar_path(spec.engine)
+    if missed is not None:  # the precision asked for did not happen: keep the plan for a look, never as the engine
+        rejected = spec.engine.with_name(spec.engine.name + ".rejected")
+        with atomic_path(rejected) as tmp_engine, atomic_path(sidecar_path(rejected)) as tmp_side:
+            with open(tmp_engine, "wb") as f:
+                f.write(memoryview(serialized))
+            tmp_side.write_text(side.to_json(indent=2) + "\n")
+        raise VitdeployError(f"{spec.engine} not written: {missed}; the plan is kept as {rejected.name} "
+                             f"(its sidecar has the receipt)")
     with atomic_path(spec.engine) as tmp_engine, atomic_path(sidecar) as tmp_side:
         with open(tmp_engine, "wb") as f:
             f.write(memoryview(serialized))
@@ -149,6 +163,22 @@ def compile_engine(spec: BuildSpec, env: TensorRTEnv, manifest: Manifest, graph:
             f.write(memoryview(timing.serialize()))
     say("built", {"engine": str(spec.engine), "seconds": seconds})
     return BuiltEngine(spec.engine, sidecar, record)
+
+
+def engine_receipt(trt: Any, serialized: Any, log: Any) -> Receipt:
+    """The precision receipt of a plan just built: read back and asked through TensorRT's engine inspector
+    (runners/tensorrt/inspector.py parses it). Anything that cannot be read is an "unknown" receipt, never a guess."""
+    from vitdeploy.runners.tensorrt.errors import trt_call
+
+    try:
+        engine = trt_call(trt.Runtime, log, what="trt.Runtime").deserialize_cuda_engine(serialized)
+        if engine is None:
+            return Receipt(UNKNOWN, reason="the plan could not be read back for its layer information")
+        return receipt_from_json(engine_information(engine))
+    except VitdeployError:
+        raise
+    except Exception as e:  # noqa: BLE001 - an inspector this TensorRT lacks or that fails: unknown, said why
+        return Receipt(UNKNOWN, reason=f"the engine inspector failed ({type(e).__name__}: {str(e)[:120]})")
 
 
 def pin_float32_layers(trt: Any, network: Any, model: Any) -> int:
