@@ -8,8 +8,6 @@ use tests/trt_mock.py (generated from NVIDIA's compiled bindings) and host memor
 
 from __future__ import annotations
 
-import ctypes
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -19,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import HostCuda, load_run_py, write_plan
 from trt_mock import fake_tensorrt
 
 
@@ -57,10 +56,7 @@ def copy(made_bundle: Path, tmp_path: Path) -> Path:
 
 def run(bundle: Path, *argv: str, capsys: pytest.CaptureFixture) -> tuple[int, list[str], str]:
     """run.py's main from ``bundle`` as a process would end: (exit code, stderr lines, stdout)."""
-    spec = importlib.util.spec_from_file_location(f"run_py_{abs(hash(bundle))}", bundle / "run.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_run_py(bundle / "run.py")
     return _ended(lambda: mod.main(list(argv)), capsys)
 
 
@@ -167,53 +163,11 @@ def test_a_garbage_engine_under_a_tensorrt_that_is_not_tensorrts_is_one_line(
     assert code == 1 and "model.raw.engine: TensorRT cannot load it (AttributeError" in line
 
 
-class HostCuda:
-    """run.py's CudaRT on host memory."""
-
-    H2D, D2H = 1, 2
-
-    def __init__(self) -> None:
-        self.keep: dict[int, Any] = {}
-
-    def malloc(self, n: int) -> int:
-        buf = ctypes.create_string_buffer(max(n, 1))
-        self.keep[ctypes.addressof(buf)] = buf
-        return ctypes.addressof(buf)
-
-    def free(self, p: int) -> None:
-        self.keep.pop(p, None)
-
-    def stream(self) -> int:
-        return 1
-
-    def copy(self, dst: int, src: int, n: int, kind: int, stream: int) -> None:
-        ctypes.memmove(dst, src, n)
-
-    def sync(self, stream: int) -> None:
-        pass
-
-
-def _plan(bundle: Path, version: str) -> None:
-    """An engine as tests/trt_mock.py's builder writes it: the ONNX it runs and the profile."""
-    plan = {"version": version, "onnx": str(bundle / "model.raw.onnx"), "dla_core": None,
-            "profile": ["pixel_values", [1, 16, 16, 3], [4, 16, 16, 3], [8, 16, 16, 3]]}
-    (bundle / "model.raw.engine").write_bytes(json.dumps(plan).encode())
-
-
 @pytest.mark.parametrize("version", ["8.6.1", "10.3.0", "11.4.0.106"])
 def test_tensorrt_that_cannot_start_cuda_is_one_line_naming_cuda_and_the_driver(
         copy: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, version: str) -> None:
-    import onnxruntime as ort
-
-    name = ort.InferenceSession(str(copy / "model.raw.onnx"), providers=["CPUExecutionProvider"]).get_inputs()[0].name
-    _plan(copy, version)
-    plan = json.loads((copy / "model.raw.engine").read_bytes())
-    plan["profile"][0] = name
-    (copy / "model.raw.engine").write_bytes(json.dumps(plan).encode())
-    spec = importlib.util.spec_from_file_location(f"run_py_trt_{version}", copy / "run.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    write_plan(copy / "model.raw.engine", copy / "model.raw.onnx", version, 1, 4, 8)
+    mod = load_run_py(copy / "run.py")
     monkeypatch.setattr(mod, "CudaRT", HostCuda)
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(version))
     code, err, out = _ended(lambda: mod.main(["--check", "--json"]), capsys)
@@ -226,3 +180,29 @@ def test_tensorrt_that_cannot_start_cuda_is_one_line_naming_cuda_and_the_driver(
     code, err, _ = _ended(lambda: mod.main(["--check"]), capsys)
     line = one_line(err)
     assert code == 1 and "execution context" in line and "driver" in line
+
+
+def test_check_on_an_engine_prints_its_precision_receipt(copy: Path, capsys: pytest.CaptureFixture,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """run.py --check reads the engine's layer information with the parser the bundle ships (receipt.py); an engine
+    whose inspector gives NVIDIA's published FP16 ResNet-18 layers is FP16; a TensorRT without a modelled inspector
+    (the mock) is 'unknown', said why, never guessed."""
+    version = "10.3.0"
+    assert (copy / "receipt.py").is_file()
+    write_plan(copy / "model.raw.engine", copy / "model.raw.onnx", version, 1, 4, 8)
+    mod = load_run_py(copy / "run.py")
+    monkeypatch.setattr(mod, "CudaRT", HostCuda)
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(version))
+    code, err, out = _ended(lambda: mod.main(["--check", "--json"]), capsys)
+    receipt = json.loads(out)["receipt"]
+    assert code == 0 and receipt["status"] == "unknown" and "inspector" in receipt["reason"], err
+    published = (Path(__file__).parent / "data" / "inspector" / "trex-resnet18-A100-fp16.graph.json").read_text()
+
+    class Inspector:
+        def get_engine_information(self, fmt: Any) -> str:
+            return published
+
+    monkeypatch.setattr(mod.TrtModel, "receipt", lambda self: __import__("receipt").receipt_from_json(
+        self.engine and Inspector().get_engine_information(None)).to_dict())
+    code, err, out = _ended(lambda: mod.main(["--check"]), capsys)
+    assert code == 0 and "precision receipt: GEMM FLOPs FP16 100%" in out, (err, out)

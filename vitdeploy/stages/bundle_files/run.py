@@ -239,6 +239,19 @@ class TrtModel:
         self.min_batch, self.max_batch = int(prof[0][0]), int(prof[2][0])  # DLA: min = max, one fixed batch
         self.stream = self.cuda.stream()
 
+    def receipt(self) -> dict:
+        """The engine's precision receipt (receipt.py beside this script: vitdeploy's inspector parser), or why not."""
+        try:
+            sys.path.insert(0, str(HERE))
+            from receipt import receipt_from_json  # type: ignore[import-not-found]
+        except ImportError:
+            return {"status": "unknown", "reason": "no receipt.py in this bundle"}
+        try:
+            info = self.engine.create_engine_inspector().get_engine_information(self.trt.LayerInformationFormat.JSON)
+            return receipt_from_json(str(info)).to_dict()
+        except Exception as e:  # noqa: BLE001 - an engine or TensorRT without an inspector: unknown, said why
+            return {"status": "unknown", "reason": f"the engine inspector failed ({type(e).__name__})"}
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
         trt, cuda = self.trt, self.cuda
         name = self.inputs[0]
@@ -448,9 +461,17 @@ def _main(argv: list[str] | None = None) -> int:
         ok = diff <= tol
         result = {"model": onnx_rel, "backend": model.backend, "precision": prec, "images": len(images),
                   "max_rel_diff": diff, "tolerance": tol, "top1_agreement": agree, "ok": ok}
+        if isinstance(model, TrtModel):
+            result["receipt"] = model.receipt()
         print(json.dumps(result) if args.json else
               f"{'OK' if ok else 'FAILED'}: {onnx_rel} on {model.backend} vs reference {prec} logits: max |Δ| {diff:.2e} of the "
               f"largest logit (tolerance {tol:.0e}), top-1 agreement {agree:.1%} on {len(images)} images")
+        if "receipt" in result and not args.json:
+            r = result["receipt"]
+            share = ", ".join(f"{k} {v:.0%}" for k, v in sorted((r.get("gemm_share") or {}).items(), key=lambda kv: -kv[1]))
+            print(f"precision receipt: GEMM FLOPs {share}; attention fused: {(r.get('attention') or {}).get('fused')}; "
+                  f"{len(r.get('fp32_layers') or [])} FP32 layers" if r.get("status") == "ok"
+                  else f"precision receipt: unknown ({r.get('reason')})")
         return 0 if ok else 1
 
     files = list_images(args.images)
