@@ -261,24 +261,26 @@ def build(bundle: Path, bindir: Path, *args: str) -> subprocess.CompletedProcess
     ("v100300", ["--stronglyTyped", "--skipInference"], ["--int8", "--fp16", "--buildOnly"]),
     ("v110401", ["--skipInference"], ["--stronglyTyped", "--int8", "--fp16", "--buildOnly"]),
 ])
-def test_build_engine_sh_trtexec_line_with_mock_trtexec(bundle_dir: Path, tmp_path: Path, banner: str, want: list[str], absent: list[str]) -> None:
+def test_build_engine_sh_trtexec_line_with_mock_trtexec(digits_bundle: Path, tmp_path: Path, banner: str, want: list[str], absent: list[str]) -> None:
     b = tmp_path / "bundle"
-    shutil.copytree(bundle_dir, b)
+    shutil.copytree(digits_bundle, b)
     log = fake_tool(tmp_path / "bin", "trtexec", banner)
     r = build(b, tmp_path / "bin")
     assert r.returncode == 0, r.stderr
     args = log.read_text().splitlines()
-    assert "--onnx=model.int8.raw.onnx" in args
+    line = {"v8502": "trt8.5", "v8601": "trt8.6", "v100300": "trt10", "v110401": "trt11"}[banner]
+    made_for = json.loads((b / "manifest.json").read_text())["bundle"]["tensorrt"]["matrix"][line]["int8"]
+    assert f"--onnx={made_for[:-len('.onnx')]}.raw.onnx" in args  # the file made and checked for that TensorRT
     assert {"--minShapes=images:1x32x32x3", "--optShapes=images:4x32x32x3", "--maxShapes=images:16x32x32x3"} <= set(args)
     assert all(w in args for w in want) and not any(a in args for a in absent)
-    assert (b / "model.int8.raw.engine").read_text() == "plan\n"
+    assert (b / f"{made_for[:-len('.onnx')]}.raw.engine").read_text() == "plan\n"
     assert "python3 run.py --check" in r.stdout
     assert not list(b.glob("*.tmp.*"))
 
 
-def test_build_engine_sh_options_with_mock_trtexec(bundle_dir: Path, tmp_path: Path) -> None:
+def test_build_engine_sh_options_with_mock_trtexec(digits_bundle: Path, tmp_path: Path) -> None:
     b = tmp_path / "bundle"
-    shutil.copytree(bundle_dir, b)
+    shutil.copytree(digits_bundle, b)
     log = fake_tool(tmp_path / "bin", "trtexec", "v100300")
     r = build(b, tmp_path / "bin", "--precision", "fp32", "--normalized", "--batch", "2:4:8")
     assert r.returncode == 0, r.stderr
@@ -289,12 +291,17 @@ def test_build_engine_sh_options_with_mock_trtexec(bundle_dir: Path, tmp_path: P
     r = build(b, tmp_path / "bin", "--normalized", "--dla", "1")
     assert r.returncode == 0, r.stderr
     args = log.read_text().splitlines()
-    assert "--onnx=model.int8.onnx" in args and "--useDLACore=1" in args and "--allowGPUFallback" in args
+    int8_10 = json.loads((b / "manifest.json").read_text())["bundle"]["tensorrt"]["matrix"]["trt10"]["int8"]
+    assert f"--onnx={int8_10}" in args and "--useDLACore=1" in args and "--allowGPUFallback" in args
     assert "--minShapes=pixel_values:4x3x32x32" in args and "--maxShapes=pixel_values:4x3x32x32" in args  # DLA: static
     assert "--int8" in args and "--fp16" in args and "--stronglyTyped" not in args  # DLA: weakly typed on 10
-    assert (b / "model.int8.engine").exists()
-    r = build(b, tmp_path / "bin", "--deepstream", "--dry-run")
+    assert (b / int8_10.replace(".onnx", ".engine")).exists()
+    # the DeepStream model is the shipped INT8 one: built where that file conforms (8.6), refused where it does not
+    r = build(b, tmp_path / "bin", "--deepstream", "--dry-run", "--trt", "8.6")
     assert r.returncode == 0 and "--onnx=deepstream/model.ds.onnx" in r.stdout and "images:4x3x32x32" in r.stdout
+    if int8_10 != "model.int8.onnx":
+        r = build(b, tmp_path / "bin", "--deepstream", "--dry-run")
+        assert r.returncode == 1 and "re-bundle with --target" in r.stderr
     assert not (b / "deepstream" / "model.ds.engine").exists()
     r = build(b, tmp_path / "bin", "--precision", "fp16")
     assert r.returncode == 0 and "--onnx=model.fp16.raw.onnx" in log.read_text().splitlines()
@@ -305,9 +312,9 @@ def test_build_engine_sh_options_with_mock_trtexec(bundle_dir: Path, tmp_path: P
         assert r.returncode == 1 and "build_engine.sh:" in r.stderr, bad
 
 
-def test_build_engine_sh_triton_plan_with_mock_trtexec(bundle_dir: Path, tmp_path: Path) -> None:
+def test_build_engine_sh_triton_plan_with_mock_trtexec(digits_bundle: Path, tmp_path: Path) -> None:
     b = tmp_path / "bundle"
-    shutil.copytree(bundle_dir, b)
+    shutil.copytree(digits_bundle, b)
     fake_tool(tmp_path / "bin", "trtexec", "v100300")
     r = build(b, tmp_path / "bin", "--triton")
     assert r.returncode == 0, r.stderr
@@ -317,16 +324,17 @@ def test_build_engine_sh_triton_plan_with_mock_trtexec(bundle_dir: Path, tmp_pat
     assert cfg.platform == "tensorrt_plan" and cfg.max_batch_size == 16
 
 
-def test_build_engine_sh_prefers_vitdeploy_with_mock_vitdeploy(bundle_dir: Path, tmp_path: Path) -> None:
+def test_build_engine_sh_prefers_vitdeploy_with_mock_vitdeploy(digits_bundle: Path, tmp_path: Path) -> None:
     b = tmp_path / "bundle"
-    shutil.copytree(bundle_dir, b)
+    shutil.copytree(digits_bundle, b)
     log = fake_tool(tmp_path / "bin", "vitdeploy")
     fake_tool(tmp_path / "bin", "trtexec", "v100300")
     r = build(b, tmp_path / "bin", "--dla", "0")
     assert r.returncode == 0, r.stderr
     args = log.read_text().splitlines()
-    assert args[:2] == ["build-engine", "model.int8.raw.onnx"]
-    assert args[args.index("--out") + 1] == "model.int8.raw.engine"
+    int8_10 = json.loads((b / "manifest.json").read_text())["bundle"]["tensorrt"]["matrix"]["trt10"]["int8"][:-len(".onnx")]
+    assert args[:2] == ["build-engine", f"{int8_10}.raw.onnx"]  # trtexec's banner says 10.3: the file made for it
+    assert args[args.index("--out") + 1] == f"{int8_10}.raw.engine"
     assert args[args.index("--dla-core") + 1] == "0" and args[args.index("--max-batch") + 1] == "4"
     # and the vitdeploy build-engine it calls takes those options
     from typer.testing import CliRunner
@@ -386,7 +394,7 @@ def test_models_of_different_networks_are_refused(artifacts: Path, tmp_path: Pat
         bundle([artifacts / "model.onnx", other], tmp_path / "out")
 
 
-def test_cli_bundle_from_folder_defaults_with_noise_references(artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_bundle_from_folder_defaults_to_the_digits_references(artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
     from vitdeploy.cli import app
@@ -397,7 +405,7 @@ def test_cli_bundle_from_folder_defaults_with_noise_references(artifacts: Path, 
     monkeypatch.chdir(work)
     r = CliRunner().invoke(app, ["bundle", "--max-batch", "8", "--opt-batch", "2", "--references", "4", "--name", "digits v1"])
     assert r.exit_code == 0, r.output
-    assert "fp32" in r.output and "seeded noise" in r.output
+    assert "fp32" in r.output and "reference images: digits" in r.output  # the one image rule: a digits model
     m = json.loads((work / "bundle" / "manifest.json").read_text())
     assert m["bundle"]["default_model"] == "model.raw.onnx" and m["bundle"]["triton"]["name"] == "digits_v1"
     assert len(list((work / "bundle" / "reference" / "images").iterdir())) == 4
@@ -408,7 +416,8 @@ def test_cli_bundle_from_folder_defaults_with_noise_references(artifacts: Path, 
     r = CliRunner().invoke(app, ["bundle", "--force", "--references", "2"])
     assert r.exit_code == 0 and len(list((work / "bundle" / "reference" / "images").iterdir())) == 2
     img = Image.open(next((work / "bundle" / "reference" / "images").iterdir()))
-    assert img.size == (32, 32)
+    assert img.size == (8, 8)  # a digits scan as it is; run.py resizes it, as the reference inputs show
+    assert np.load(work / "bundle" / "reference" / "inputs.npy").shape == (2, 32, 32, 3)
 
 
 # --- run.py's TensorRT path, against a **mock** of TensorRT and of libcudart (neither can exist here) ----------
@@ -568,8 +577,26 @@ def test_bundle_loads_each_onnx_once_and_hashes_each_file_once(
     monkeypatch.undo()
     assert loads == {"model.onnx": 1, "model.fp16.onnx": 1}, loads
     arts = json.loads((out / "manifest.json").read_text())["bundle"]["artifacts"]
-    assert sorted(arts) == ["deepstream/model.ds.onnx", "model.fp16.onnx", "model.fp16.raw.onnx", "model.onnx", "model.raw.onnx"]
+    shipped = ["deepstream/model.ds.onnx", "model.fp16.onnx", "model.fp16.raw.onnx", "model.onnx", "model.raw.onnx"]
+    assert set(shipped) <= set(arts)
+    # the rest are the TensorRT-line variants (written, never loaded) and their raw-pixel forms
+    assert all(arts[n].get("variant_of") or arts[arts[n]["source"]].get("variant_of") for n in set(arts) - set(shipped))
     for name, a in arts.items():
         assert a["sha256"] == hashlib.sha256((out / name).read_bytes()).hexdigest(), name
     # every hashed byte belongs to one of the five files, each hashed once
     assert hashed[0] == sum((out / name).stat().st_size for name in arts)
+
+
+def test_an_int8_no_tensorrt_builds_as_intended_is_refused_on_every_version(bundle_dir: Path, tmp_path: Path) -> None:
+    """ONNX Runtime's quantizer writes non-zero zero points, which every TensorRT parser refuses (onnx-tensorrt's
+    operators.md, check-target): the bundle's notes say so, and build_engine.sh refuses int8 in one line on every
+    version while FP32 still builds."""
+    notes = json.loads((bundle_dir / "manifest.json").read_text())["bundle"]["notes"]
+    assert any("x_zero_point" in n for n in notes), notes
+    (tmp_path / "bin").mkdir()
+    for v in ("8.5", "8.6", "10.3", "11.4"):
+        r = build(bundle_dir, tmp_path / "bin", "--dry-run", "--trt", v)
+        assert r.returncode == 1 and "no int8 model in this bundle builds as intended" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+        r = build(bundle_dir, tmp_path / "bin", "--dry-run", "--trt", v, "--precision", "fp32")
+        assert r.returncode == 0 and "--onnx=model" in r.stdout

@@ -69,6 +69,9 @@ case " $AVAILABLE " in *" $PRECISION "*) ;; *) die "no $PRECISION model in this 
 
 TRTEXEC="$(command -v trtexec || true)"
 [ -z "$TRTEXEC" ] && [ -x /usr/src/tensorrt/bin/trtexec ] && TRTEXEC=/usr/src/tensorrt/bin/trtexec
+if [ "$DRY_RUN" = 0 ] && [ -z "$TRTEXEC" ] && { [ "$USE_TRTEXEC" = 1 ] || ! command -v vitdeploy >/dev/null 2>&1; }; then
+  die "neither vitdeploy nor trtexec found: install JetPack's TensorRT (trtexec is in /usr/src/tensorrt/bin) or pip install vitdeploy"
+fi
 # TensorRT version: --trt/TRT_VERSION, else the Python bindings, else the banner trtexec prints (v8502 = 8.5.2, v100300 = 10.3.0)
 [ -n "${TRT_VERSION:-}" ] || { [ -n "${TRT_MAJOR:-}" ] && TRT_VERSION="$TRT_MAJOR.0"; } || true
 [ -n "${TRT_VERSION:-}" ] || TRT_VERSION="$(python3 -c 'import tensorrt; print(tensorrt.__version__)' 2>/dev/null || true)"
