@@ -126,7 +126,15 @@ def main() -> None:
     rows = [("ours, no target", "model.onnx", "model.int8.onnx", []),
             ("ours, --target trt10", "model.onnx", "model.trt10.int8.onnx", ["--target", "trt10"]),
             (f"{a.k:g}× spread: ours, no target", "spread.onnx", "spread.int8.onnx", []),
-            (f"{a.k:g}× spread: ours, --target trt10", "spread.onnx", "spread.trt10.int8.onnx", ["--target", "trt10"])]
+            (f"{a.k:g}× spread: ours, --target trt10", "spread.onnx", "spread.trt10.int8.onnx", ["--target", "trt10"]),
+            (f"{a.k:g}× spread: ours, --target trt10 --smooth off", "spread.onnx", "spread.trt10.nosmooth.int8.onnx",
+             ["--target", "trt10", "--smooth", "off"]),
+            (f"{a.k:g}× spread: ours, --target trt10 --eval --max-drop 0.5 (guard on the oracle)", "spread.onnx",
+             "spread.trt10.guard.int8.onnx", ["--target", "trt10", "--eval", "digits", "--max-drop", "0.5"]),
+            (f"{a.k:g}× spread: ours, no target --eval --max-drop 0.5 (guard on ONNX Runtime)", "spread.onnx",
+             "spread.guard-ort.int8.onnx", ["--eval", "digits", "--max-drop", "0.5", "--backend", "onnxruntime"]),
+            (f"{a.k:g}× spread: ours, no target --eval --max-drop 0.5 (guard on OpenVINO)", "spread.onnx",
+             "spread.guard-ov.int8.onnx", ["--eval", "digits", "--max-drop", "0.5", "--backend", "openvino"])]
     for _, src, out, extra in rows:
         if not (w / out).exists():
             vitdeploy("calibrate", src, "-o", out, "--num-images", "512", *extra, cwd=w)

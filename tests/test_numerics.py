@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -56,14 +57,13 @@ def scaled_residual(model: onnx.ModelProto, c: float) -> onnx.ModelProto:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory, digits_ckpt: Path) -> dict[str, Path]:
+def models(tmp_path_factory: pytest.TempPathFactory, digits_onnx: Path) -> dict[str, Path]:
     from vitdeploy.core.artifact import OnnxArtifact
     from vitdeploy.core.manifest import set_onnx_manifest
     from vitdeploy.graph.target import decompose_layernorm
-    from vitdeploy.stages.export import export_onnx
 
     d = tmp_path_factory.mktemp("numerics")
-    export_onnx(digits_ckpt, d / "model.onnx")
+    shutil.copy(digits_onnx, d / "model.onnx")
     base = onnx.load(str(d / "model.onnx"))
     big = scaled_residual(base, C)
     onnx.save(big, str(d / "x300.onnx"))
@@ -185,3 +185,24 @@ def test_an_exporters_pow_form_of_layernorm_is_watched_and_other_squares_are_not
     found = {(p.tensor, p.role) for p in probes(helper.make_model(g))}
     assert ("sq", "layernorm_square") in found and ("x", "layernorm_input") in found
     assert not any(t == "x2" for t, _ in found)
+
+
+def test_convert_fp16_keeps_the_overflowing_tensors_float32_or_refuses_when_forbidden(models: dict[str, Path],
+                                                                                        tmp_path: Path) -> None:
+    """convert-fp16 measures the headroom on the images the one rule picks (here --images) and keeps exactly the
+    flagged nodes in float32; with float32 islands forbidden it refuses in one line and writes nothing."""
+    from vitdeploy.core.artifact import read_onnx_manifest
+    from vitdeploy.core.errors import VitdeployError
+    from vitdeploy.stages.precision import convert_fp16
+
+    out = convert_fp16(models["x300"], tmp_path / "x300.fp16.onnx", images=CALIB)
+    rec = read_onnx_manifest(out).extra["numerics"]
+    assert rec["overflow"] and rec["kept_fp32_nodes"] and rec["source"] == str(CALIB)
+    fp16 = onnx.load(str(out))
+    kept = set(rec["kept_fp32_nodes"])
+    assert kept <= {n.name for n in fp16.graph.node}
+    plain = convert_fp16(models["model"], tmp_path / "model.fp16.onnx", images=CALIB)
+    assert read_onnx_manifest(plain).extra["numerics"]["kept_fp32_nodes"] == []
+    with pytest.raises(VitdeployError, match="would overflow float16.*forbidden"):
+        convert_fp16(models["x300"], tmp_path / "refused.fp16.onnx", images=CALIB, keep_unsafe=False)
+    assert not (tmp_path / "refused.fp16.onnx").exists()

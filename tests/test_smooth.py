@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from vitdeploy.graph.smooth import channel_max, factors, sites, smooth
+from vitdeploy.graph.smooth import factors, sites, smooth
+from vitdeploy.stages.precision import site_channel_max as channel_max
 
 REPO = Path(__file__).resolve().parents[1]
 CALIB = REPO / "calibration"
@@ -38,11 +40,9 @@ def with_spread(model: onnx.ModelProto, k: float, channels: list[int]) -> onnx.M
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory, digits_ckpt: Path) -> Path:
-    from vitdeploy.stages.export import export_onnx
-
+def work(tmp_path_factory: pytest.TempPathFactory, digits_onnx: Path) -> Path:
     d = tmp_path_factory.mktemp("smooth")
-    export_onnx(digits_ckpt, d / "model.onnx")
+    shutil.copy(digits_onnx, d / "model.onnx")
     return d
 
 
@@ -106,14 +106,20 @@ def test_int8_of_the_50x_spread_model_agrees_better_with_fp32_after_smoothing(wo
     ref = _logits(src, ev.x)
     assert np.max(np.abs(_logits(work / "spread.onnx", ev.x) - ref)) <= 1e-4 * np.max(np.abs(ref))  # equivalent
     figures = {}
-    for name in ("spread", "spread.smoothed"):
-        q = calibrate(work / f"{name}.onnx", CALIB, work / f"{name}.int8.onnx", num_images=128)
+    for name, src_name, how in (("spread", "spread", "off"), ("spread.smoothed", "spread.smoothed", "off"),
+                                ("spread.auto", "spread", "auto")):
+        q = calibrate(work / f"{src_name}.onnx", CALIB, work / f"{name}.int8.onnx", num_images=128, smooth=how)
         got = _logits(q.path, ev.x)
         figures[name] = ((got.argmax(1) == ref.argmax(1)).mean(), float(np.abs(got - ref).mean()))
+        if how == "auto":  # calibrate's own choice: the spread is over numerics' limit, so it smooths at 0.5
+            rec = q.manifest.extra["quantization"]["smoothing"]
+            assert rec["applied"] and rec["max_spread"] > 16 and rec["alpha"] == 0.5
     (agree_spread, err_spread), (agree_smooth, err_smooth) = figures["spread"], figures["spread.smoothed"]
     print(f"INT8 vs FP32 on {len(ev.y)} images: 50x spread agreement {agree_spread:.4f} mean|dlogit| {err_spread:.4g}; "
           f"smoothed (alpha 0.5) agreement {agree_smooth:.4f} mean|dlogit| {err_smooth:.4g}")
     assert agree_smooth >= agree_spread and err_smooth < err_spread / 2
+    agree_auto, err_auto = figures["spread.auto"]
+    assert agree_auto >= agree_spread and err_auto < err_spread / 2
 
 
 def test_numerics_flags_the_spread_for_int8_and_smoothing_clears_it(work: Path) -> None:

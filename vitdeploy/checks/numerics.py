@@ -261,10 +261,7 @@ def numerics(
     progress: Progress | None = None,
 ) -> NumericsReport:
     """Run the FP32 model on ``images`` and report every watched tensor's range (see the module docstring)."""
-    from vitdeploy.checks.guard import session
-    from vitdeploy.core.images import iter_batches
-    from vitdeploy.core.preprocess import list_images
-    from vitdeploy.graph.quantize import with_outputs
+    from vitdeploy.model.imageset import ImageSet
 
     if num_images < 1 or batch_size < 1 or safety < 1 or spread_limit <= 1:
         raise UsageError("--num-images and --batch-size must be at least 1, --safety at least 1, --spread-limit over 1")
@@ -274,21 +271,27 @@ def numerics(
     root = Path(images)
     if not root.exists():
         raise UsageError(f"{root}: no such folder of images; pass --images DIR with images like the deployment's")
-    files = list_images(root)
-    if not files:
-        raise UsageError(f"{root} holds no image files: pass a folder of images like the deployment's")
-    if len(files) > num_images:
-        rng = np.random.default_rng(seed)
-        files = [files[i] for i in np.sort(rng.choice(len(files), num_images, replace=False))]
+    try:
+        chosen = ImageSet.folder(root, num_images, seed)  # the one rule: a seeded sample, in folder order
+    except VitdeployError:
+        raise UsageError(f"{root} holds no image files: pass a folder of images like the deployment's") from None
+    return measure(model, manifest, chosen, batch_size, safety, spread_limit, progress, str(path))
+
+
+def measure(model: Any, manifest: Any, images: Any, batch_size: int = 32, safety: float = SAFETY,
+            spread_limit: float = SPREAD_LIMIT, progress: Progress | None = None, name: str = "model") -> NumericsReport:
+    """The report for an FP32 graph in memory over an ImageSet (what convert-fp16 and calibrate call before they
+    decide which tensors stay float32): one ONNX Runtime session with the watched tensors as outputs."""
+    from vitdeploy.graph.quantize import with_outputs
+    from vitdeploy.runners.onnxruntime import session
+
     watch = probes(model)
     names = list(dict.fromkeys(p.tensor for p in watch))
     sess = session(with_outputs(model, names))
     inp = sess.get_inputs()[0].name
     accs = [_Acc(p) for p in watch]
-    skipped: list[tuple[str, str]] = []
     done = read = 0
-    for b in iter_batches(files, manifest.pp(), batch_size):
-        skipped += [(str(p), why) for p, why in b.skipped]
+    for b in images.batches(manifest.pp(), batch_size):
         if len(b.paths):
             outs = dict(zip(names, sess.run(names, {inp: b.array}), strict=True))
             for acc in accs:
@@ -296,8 +299,10 @@ def numerics(
             read += len(b.paths)
         done += len(b.paths) + len(b.skipped)
         if progress:
-            progress("numerics", {"done": done, "total": len(files)})
+            progress("numerics", {"done": done, "total": len(images)})
+    skipped = list(images.skipped)
     if read == 0:
-        raise VitdeployError(f"none of the {len(files)} images could be read (e.g. {skipped[0][0]}: {skipped[0][1]})")
+        first = f" (e.g. {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+        raise VitdeployError(f"none of the {len(images)} images could be read{first}")
     stats = [a.stat(safety, spread_limit) for a in accs]
-    return NumericsReport(str(path), read, stats, safety, spread_limit, skipped)
+    return NumericsReport(name, read, stats, safety, spread_limit, skipped)

@@ -31,6 +31,7 @@ def calibrate(
                                          "float16 Q/DQ scales and GEMMs, opset 19; ort also quantizes Q·Kᵀ. Default: the model's target, "
                                          "else none (float32 scales: TensorRT 8.x and CPUs)."),
     backend: str = typer.Option("auto", "--backend", help="With --eval: where the INT8 model is measured: auto (the TensorRT oracle for a TensorRT target, else onnxruntime), onnxruntime, openvino or oracle."),
+    smooth: str = typer.Option("auto", "--smooth", help="SmoothQuant-style migration of wide LayerNorm channels into the next weights (exact in FP32): auto (strength 0.5 where a channel spread exceeds 16), off, or a strength 0-1."),
 ) -> None:
     """Quantize an ONNX model to INT8 (explicit Q/DQ, the form TensorRT 8.5–11 builds) from calibration images.
 
@@ -61,6 +62,7 @@ def calibrate(
             model, images, out, num_images=num_images, batch_size=batch_size, method=method,
             quantize_attention=quantize_attention, float_type=float_type, seed=seed, max_drop=max_drop,
             eval_dir=eval_dir, progress=on_event, min_agreement=min_agreement, backend=backend, target=target,
+            smooth=smooth,
         )
     for path, why in result.skipped:
         err_console.print(f"skipped {path}: {why}", highlight=False)
@@ -104,6 +106,10 @@ def convert_fp16(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="FP16 model to write (default: MODEL.fp16.onnx beside MODEL)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=f"What the FP16 model is made for: {TARGET_NAMES}. "
                                          "Default: the model's target, else none."),
+    images: Optional[Path] = typer.Option(None, "--images", "-i", help="Images to measure the FP16 headroom on (default: "
+                                          "calibration/, else the digits for a digits model); tensors within 2x of 65504 stay float32."),
+    fp32_islands: bool = typer.Option(True, "--fp32-islands/--no-fp32-islands", help="Keep tensors that would overflow "
+                                      "float16 in float32 (default), or refuse the conversion when there are any."),
 ) -> None:
     """Convert an ONNX model to FP16: float16 inside, float32 input/output, LayerNorm/Softmax/reductions in float32."""
     from vitdeploy.core.fileio import check_output
@@ -112,6 +118,6 @@ def convert_fp16(
 
     target = say_target(target)
     check_output(out or precision_name(model, "fp16"), [model], suffixes=(".onnx",))
-    dest = run_convert(model, out, target=target)
+    dest = run_convert(model, out, target=target, images=images, keep_unsafe=fp32_islands)
     console.print(f"FP16 (LayerNorm, Softmax and reductions kept in float32) → {dest}", highlight=False)
     next_step(f"vitdeploy build-engine {dest}", f"vitdeploy verify {model} {dest} -i IMAGES")

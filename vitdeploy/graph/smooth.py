@@ -87,18 +87,12 @@ def sites(model: Any) -> list[SmoothSite]:
     return out
 
 
-def channel_max(model: Any, batches: Iterable[np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
-    """max |x| per channel (last axis) of each site's LayerNorm output over the batches (FP32, ONNX Runtime CPU)."""
-    import onnxruntime as ort
-
-    from vitdeploy.graph.quantize import with_outputs
-
-    names = outputs if outputs is not None else [s.output for s in sites(model)]
-    sess = ort.InferenceSession(with_outputs(model, names).SerializeToString(), providers=["CPUExecutionProvider"])
-    inp = sess.get_inputs()[0].name
+def channel_max(outputs: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """max |x| per channel (last axis) of each named activation over batches of model outputs (the caller runs the
+    FP32 model with the sites' LayerNorm outputs added: graph.quantize.with_outputs)."""
     acc: dict[str, np.ndarray] = {}
-    for x in batches:
-        for name, y in zip(names, sess.run(names, {inp: x}), strict=True):
+    for named in outputs:
+        for name, y in named.items():
             a = np.abs(np.asarray(y, np.float32)).reshape(-1, y.shape[-1]).max(axis=0)
             acc[name] = a if name not in acc else np.maximum(acc[name], a)
     return acc

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import OpsetTooNew, UsageError, VitdeployError
@@ -80,17 +82,18 @@ def _source(art: OnnxArtifact) -> dict[str, Any]:
 
 
 def convert_fp16(model_onnx: str | Path | OnnxArtifact = "model.onnx", out: str | Path | None = None,
-                 target: str | None = None) -> Path:
+                 target: str | None = None, images: str | Path | None = None, keep_unsafe: bool = True) -> Path:
     """Float16 weights and activations, float32 input/output, LayerNorm/Softmax/reductions kept in float32.
 
     ``target``: what the artifact is made for (default: the source's target, else none: the graph TensorRT 8.6,
     10, 11 and ONNX Runtime read). For ``trt8.5`` LayerNorm is spelled out in primitive ops (kept in float32).
     """
-    return fp16_artifact(model_onnx, out, target).path
+    return fp16_artifact(model_onnx, out, target, images, keep_unsafe).path
 
 
 def fp16_artifact(model_onnx: str | Path | OnnxArtifact = "model.onnx", out: str | Path | None = None,
-                  target: str | None = None) -> OnnxArtifact:
+                  target: str | None = None, images: str | Path | ImageSet | None = None,
+                  keep_unsafe: bool = True) -> OnnxArtifact:
     """convert_fp16, returning the artifact written (for a caller that goes on with it: build-engine).
 
     An ``OnnxArtifact`` passed in is not read again; its graph may be changed in place."""
@@ -109,7 +112,8 @@ def fp16_artifact(model_onnx: str | Path | OnnxArtifact = "model.onnx", out: str
     facts = check_target(target)
     dest = Path(out) if out is not None else precision_name(src, "fp16")
     _fit_graph(model, facts, src)
-    m16 = to_fp16(model)
+    unsafe, record = fp16_headroom(model, manifest, images, src, keep_unsafe)
+    m16 = to_fp16(model, keep_fp32_nodes=unsafe)
     derived = manifest.derive(
         precision="fp16",
         target=target,
@@ -118,7 +122,35 @@ def fp16_artifact(model_onnx: str | Path | OnnxArtifact = "model.onnx", out: str
         fp16={"fp32_ops": sorted(set(FP32_OPS) & {n.op_type for n in m16.graph.node}), "fp32_nodes": len(fp32_islands(m16))},
         versions=tool_versions("onnx", "onnxruntime"),
     )
+    if record is not None:
+        derived.extra["numerics"] = record
     return _save(m16, derived, dest)
+
+
+NUMERICS_IMAGES = 256  # images the FP16 headroom is measured on
+
+
+def fp16_headroom(model: Any, manifest: Manifest, images: str | Path | ImageSet | None, src: Path,
+                  keep_unsafe: bool = True) -> tuple[list[str], dict[str, Any] | None]:
+    """The nodes an FP16 graph must keep in float32 because their tensors come within 2x of 65504 on these images
+    (checks.numerics, on the images the one rule picks), and the manifest's record of it; ([], None) without images.
+    ``keep_unsafe`` False (the user forbade float32 islands): such a tensor is refused in one line instead."""
+    from vitdeploy.checks.numerics import fp16_unsafe_nodes, measure
+
+    chosen = images if isinstance(images, ImageSet) else ImageSet.for_model(manifest, images, NUMERICS_IMAGES, seed=0)
+    if chosen is None:
+        return [], None
+    report = measure(model, manifest, chosen, name=str(src))
+    over = [t for t in report.tensors if "fp16_overflow" in t.flags]
+    unsafe = fp16_unsafe_nodes(report)
+    if over and not keep_unsafe:
+        worst = min(over, key=lambda t: t.fp16_headroom or 0.0)
+        raise VitdeployError(
+            f"{src}: {len(over)} tensor(s) would overflow float16 on {chosen.source} (e.g. {worst.tensor}, {worst.role}: "
+            f"max |x| {worst.max_abs:.4g}, headroom {worst.fp16_headroom or 0:.3g}) and float32 islands were "
+            "forbidden: allow them, or see `vitdeploy numerics`")
+    return unsafe, {"images": report.images, "source": chosen.source, "kept_fp32_nodes": unsafe,
+                    "overflow": [{"tensor": t.tensor, "role": t.role, "max_abs": float(t.max_abs)} for t in over]}
 
 
 def check_target(target: str | None) -> TargetFacts | None:
@@ -269,6 +301,54 @@ def _fp32_source(art: OnnxArtifact) -> tuple[Any, Manifest]:
     return model, manifest
 
 
+def site_channel_max(model: Any, batches: Iterable[np.ndarray]) -> dict[str, np.ndarray]:
+    """Per-channel max |x| of every smoothing site's LayerNorm output (graph.smooth) over the batches, FP32 on ONNX
+    Runtime (the one session loader)."""
+    from vitdeploy.graph.quantize import with_outputs
+    from vitdeploy.graph.smooth import channel_max, sites
+    from vitdeploy.runners.onnxruntime import session
+
+    names = [x.output for x in sites(model)]
+    if not names:
+        return {}
+    sess = session(with_outputs(model, names))
+    inp = sess.get_inputs()[0].name
+    return channel_max(dict(zip(names, sess.run(names, {inp: x}), strict=True)) for x in batches)
+
+
+def _smooth(model: Any, manifest: Manifest, files: ImageSet, batch_size: int,
+            smooth: str | float) -> tuple[Any, dict[str, Any] | None]:
+    """SmoothQuant-style migration (graph.smooth) before the ranges are taken: "auto" applies it at strength 0.5 where
+    a LayerNorm output feeding the quantized GEMMs has an inter-channel spread over checks.numerics' INT8 limit (16:
+    per-tensor INT8 would leave its median channel under 8 levels); a number is the strength, always applied; "off"
+    never. Exact in FP32 (initializers only), and the Q/DQ placed afterwards fuse as before. Returns the model and the
+    manifest's record (None: no LayerNorm it can edit, or off)."""
+    from vitdeploy.checks.numerics import SPREAD_LIMIT
+    from vitdeploy.graph.smooth import DEFAULT_ALPHA, sites
+    from vitdeploy.graph.smooth import smooth as migrate
+
+    if smooth == "off":
+        return model, None
+    try:
+        alpha = DEFAULT_ALPHA if smooth == "auto" else float(smooth)
+    except ValueError:
+        alpha = -1.0
+    if not 0.0 <= alpha <= 1.0:
+        raise UsageError(f"--smooth {smooth}: a strength from 0 to 1, auto or off")
+    found = sites(model)
+    if not found:
+        return model, None
+    cmax = site_channel_max(model, (b.array for b in files.batches(manifest.pp(), batch_size) if len(b.paths)))
+    if not cmax:
+        return model, None
+    spread = max(float(a.max() / max(float(np.median(a)), 1e-12)) for a in cmax.values())
+    record: dict[str, Any] = {"mode": str(smooth), "max_spread": round(spread, 3), "spread_limit": SPREAD_LIMIT}
+    if smooth == "auto" and spread <= SPREAD_LIMIT:
+        return model, {**record, "applied": False}
+    res = migrate(model, cmax, alpha)
+    return res.model, {**record, "applied": True, **res.to_dict()}
+
+
 def _budget_missed(after: dict[str, Any], max_drop: float | None, min_agreement: float | None, excluded: int) -> VitdeployError:
     want = " and ".join(
         ([f"--max-drop {max_drop}"] if max_drop is not None else [])
@@ -372,6 +452,7 @@ def calibrate(
     min_agreement: float | None = None,
     target: str | None = None,
     backend: str = "auto",
+    smooth: str | float = "auto",
 ) -> CalibrationResult:
     """Quantize an FP32 ONNX model to explicit int8 Q/DQ from calibration images; optionally guard its accuracy.
 
@@ -416,6 +497,9 @@ def calibrate(
         raise UsageError(f"--target {target} builds strongly typed: its INT8 keeps the unquantized parts in float16 "
                          "(float32 would run every layer in FP32); drop --float fp32, or use --target ort for a CPU")
     dest = Path(out) if out is not None else precision_name(src, "int8")
+    warnings: list[str] = []
+    files = _sample_images(images, num_images, seed, manifest, warnings)
+    model, smoothing = _smooth(model, manifest, files, batch_size, smooth)  # before LayerNorm is spelled out
     _fit_graph(model, facts, src)
     ensure_node_names(model)
     all_layers = find_layers(model)
@@ -427,11 +511,10 @@ def calibrate(
     if not layers:
         raise VitdeployError(f"{src}: no MatMul/Conv layers to quantize were found; is it a ViT exported by vitdeploy?")
 
-    warnings: list[str] = []
-    files = _sample_images(images, num_images, seed, manifest, warnings)
     tensors = tensors_to_calibrate(all_layers)
     model_sha = art.sha256
-    key = _cache_key(model_sha, files, tensors)
+    key = _cache_key(model_sha, files, tensors + [f"smoothing={smoothing}"])
+    unsafe, headroom = fp16_headroom(model, manifest, files, src) if float_type == "fp16" else ([], None)
     cpath = calib_cache_name(dest)
     cached = _read_cache(cpath, key)
     reused = cached is not None
@@ -449,7 +532,7 @@ def calibrate(
         # strongly typed build runs them in int8/float16 with no Cast island around any GEMM
         from vitdeploy.graph.target import FP16_QDQ_OPSET, to_opset
 
-        qmodel = to_fp16(to_opset(qmodel, FP16_QDQ_OPSET))
+        qmodel = to_fp16(to_opset(qmodel, FP16_QDQ_OPSET), keep_fp32_nodes=unsafe)
         if measured is not None:  # the guard measured the float32 Q/DQ graph: report the float16 one written
             from vitdeploy.checks.guard import figures, logits, runner_factory
 
@@ -466,16 +549,19 @@ def calibrate(
     elif float_type == "fp16":
         # the quantized layers stay float32 so each DequantizeLinear feeds its MatMul/Conv directly (TensorRT fuses
         # that pair into an int8 kernel); Casts go before the QuantizeLinear and after the layer
-        qmodel = to_fp16(qmodel, keep_fp32_nodes=quantized)
+        qmodel = to_fp16(qmodel, keep_fp32_nodes=quantized + unsafe)
     quant = _quantization_record(method, quantize_attention, float_type, opset(qmodel), n_read, cpath, key, seed,
                                  len(quantized), excluded)
     if target in CPU_TARGETS:
         quant["attention_scores"] = True
+    quant["smoothing"] = smoothing
     quant["scales"] = "float16" if float_type == "fp16" and facts is not None and facts.fp16_dq_scales else "float32"
     derived = manifest.derive(precision="int8", target=target, source=_source(art), float_type=float_type,
                               quantization=quant, versions=tool_versions("onnx", "onnxruntime"))
     if guard_info is not None:
         derived.extra["guard"] = guard_info
+    if headroom is not None:
+        derived.extra["numerics"] = headroom
     if not reused:
         _write_cache(cpath, key, model_sha, [files.name_of(i) for i in range(len(files))], n_read, ranges)
     try:
