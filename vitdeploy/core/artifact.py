@@ -50,7 +50,7 @@ class InputContract:
 
 
 def unreadable(path: str | Path, why: str) -> UnreadableArtifact:
-    """The one message for a file that is not a readable ONNX model."""
+    """The one message for a model file that cannot be read (every reader of ONNX files goes through here)."""
     return UnreadableArtifact(f"{path}: not a readable ONNX model ({why}); re-export it")
 
 

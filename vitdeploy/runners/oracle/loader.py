@@ -307,14 +307,13 @@ def lower(model: Any, target: str | None = None) -> Lowered:
 
 
 def load_model(artifact: Any) -> Any:
-    """An onnx.ModelProto from a path or a ModelProto (returned as is)."""
+    """An onnx.ModelProto from a path, an OnnxArtifact (core.artifact: the one reader) or a ModelProto (as is)."""
     from pathlib import Path
 
-    if not isinstance(artifact, (str, Path)):
-        return artifact
-    import onnx
+    from vitdeploy.core.artifact import OnnxArtifact
 
-    try:
-        return onnx.load(str(artifact))
-    except Exception as e:
-        raise VitdeployError(f"{artifact}: not a readable ONNX model ({type(e).__name__}); re-make it") from None
+    if isinstance(artifact, (str, Path)):
+        artifact = OnnxArtifact.open(artifact)
+    if isinstance(artifact, OnnxArtifact):
+        return artifact.load_weights()
+    return artifact

@@ -410,24 +410,6 @@ def runner_for_target(artifact: str | Path | Any, target: str | None, threads: i
         from vitdeploy.runners import open_runner
 
         return open_runner(artifact, "auto", threads=threads)
-    return _InMemoryCpuRunner(artifact, threads)
+    from vitdeploy.runners.onnxruntime import OnnxRuntimeRunner
 
-
-class _InMemoryCpuRunner(Runner):
-    """ONNX Runtime on an onnx.ModelProto in memory (the guard's candidates for a CPU target)."""
-
-    backend = "onnxruntime"
-
-    def __init__(self, model: Any, threads: int | None) -> None:
-        import onnxruntime as ort
-
-        from vitdeploy.core.artifact import manifest_from_onnx
-        from vitdeploy.runners.onnxruntime import session_options
-
-        super().__init__(manifest_from_onnx(model, "<in-memory model>"), "<in-memory model>")
-        self.session = ort.InferenceSession(model.SerializeToString(), session_options(threads),
-                                            providers=["CPUExecutionProvider"])
-        self.input_name = self.session.get_inputs()[0].name
-
-    def run(self, batch: np.ndarray) -> np.ndarray:
-        return np.asarray(self.session.run(None, {self.input_name: self.check_input(batch)})[0], np.float32)
+    return OnnxRuntimeRunner(artifact, threads=threads)  # a ModelProto in memory: the guard's candidates
