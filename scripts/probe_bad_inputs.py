@@ -179,17 +179,18 @@ def probes() -> list[Probe]:
 
 
 def _workers(root: Path) -> list[int]:
-    """This scratch folder's benchmark workers still alive (their command line names an artifact in it)."""
+    """This scratch folder's benchmark workers still alive (they run in it: their working folder is the root)."""
     out = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             cmd = Path(f"/proc/{d}/cmdline").read_bytes()
+            cwd = os.readlink(f"/proc/{d}/cwd")
             state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[-1].split()[0]
         except OSError:
             continue
-        if b"vitdeploy.tools.bench_worker" in cmd and os.fsencode(root) in cmd and state != "Z":
+        if b"vitdeploy.tools.bench_worker" in cmd and cwd == str(root.resolve()) and state != "Z":
             out.append(int(d))
     return out
 
