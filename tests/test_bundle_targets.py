@@ -33,7 +33,7 @@ def printed_line(out: str) -> list[str]:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("extra", [(), ("--precision", "fp16"), ("--precision", "fp32"), ("--normalized",)])
+@pytest.mark.parametrize("extra", [(), ("--precision", "fp16"), ("--precision", "fp32"), ("--normalized",), ("--deepstream",)])
 def test_no_target_bundle_builds_as_intended_on_every_tensorrt(digits_bundle: Path, tmp_path: Path, version: str,
                                                                 extra: tuple[str, ...]) -> None:
     assert json.loads((digits_bundle / "manifest.json").read_text()).get("target") is None

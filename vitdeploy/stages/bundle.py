@@ -640,7 +640,8 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
 
     # the default is right everywhere: a no-target bundle carries, per TensorRT line, a model that line builds
     say("checking every model against each TensorRT line")
-    matrix = support_matrix(root, arts, sha, target, artifacts, raw_models, images, x, logits_of, notes)
+    variants: dict[str, OnnxArtifact] = {}
+    matrix = support_matrix(root, arts, sha, target, artifacts, raw_models, images, x, logits_of, notes, variants)
 
     # DeepStream: float 0–255 NCHW input (nvinfer feeds float tensors), softmax probabilities out
     say("writing the DeepStream config")
@@ -654,6 +655,23 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
         "precision": default, "input": ds_in, "output": {"name": "probs", "kind": "probs"}, "sha256": ds.sha256,
         "source": ONNX_NAMES[default],
     }
+    # where a TensorRT line builds a variant of the default model, DeepStream gets that variant's form too
+    # (build_engine.sh --deepstream builds it into the engine file the config names)
+    for fname in sorted({row[default] for row in matrix.values() if row.get(default, ONNX_NAMES[default]) != ONNX_NAMES[default]}):
+        v = variants[fname]
+        ds_name = f"{fname[: -len('.onnx')]}.ds.onnx"
+        dsv = write_variant(v.model, v.manifest, fname, v.sha256, ds_dir / ds_name, dtype="float32", layout="nchw",
+                            softmax=True)
+        lines = [line for line, row in matrix.items() if row.get(default) == fname]
+        left = [f for line in lines for f in findings(dsv.model, line)]
+        if left:
+            (ds_dir / ds_name).unlink()
+            notes.append(f"deepstream/{ds_name}: not shipped ({left[0]}); build_engine.sh --deepstream refuses there")
+            continue
+        artifacts[f"deepstream/{ds_name}"] = {
+            "precision": default, "input": ds_in, "output": {"name": "probs", "kind": "probs"}, "sha256": dsv.sha256,
+            "source": fname, "target": v.manifest.target,
+        }
     (ds_dir / "labels.txt").write_text(";".join(lab.replace(";", ",") for lab in base.labels) + "\n")
     (ds_dir / "config_infer_primary.txt").write_text(
         deepstream_config(base, default, opts.opt_batch, ds_onnx.name, "model.ds.engine")
@@ -802,8 +820,10 @@ def variant_graph(model: Any, precision: str, line: str) -> Any:
 
 def support_matrix(root: Path, arts: dict[str, OnnxArtifact], sha: dict[str, str], target: str | None,
                    artifacts: dict[str, dict[str, Any]], raw_models: dict[str, Any], images: np.ndarray,
-                   x: np.ndarray, logits_of: dict[str, np.ndarray], notes: list[str]) -> dict[str, dict[str, str]]:
-    """TensorRT line -> precision -> the file build_engine.sh builds there. A bundle made for a target serves that
+                   x: np.ndarray, logits_of: dict[str, np.ndarray], notes: list[str],
+                   written_out: dict[str, OnnxArtifact] | None = None) -> dict[str, dict[str, str]]:
+    """TensorRT line -> precision -> the file build_engine.sh builds there (each variant written is also put in
+    ``written_out`` by name). A bundle made for a target serves that
     line only; a no-target bundle serves every line, with a variant where the shipped model does not conform."""
     from vitdeploy.runners.oracle.runner import runner_for_target
 
@@ -825,6 +845,8 @@ def support_matrix(root: Path, arts: dict[str, OnnxArtifact], sha: dict[str, str
                 vman = art.manifest.derive(target=line, source={"artifact": ONNX_NAMES[prec], "sha256": sha[prec],
                                                                "kind": "onnx"})
                 written = OnnxArtifact.write(model, vman, root / fname)
+                if written_out is not None:
+                    written_out[fname] = written
                 _add_with_raw(root, fname, written.model, vman, written.sha256, prec, artifacts, raw_models)
                 artifacts[fname]["variant_of"] = ONNX_NAMES[prec]
                 (got,) = run_arrays([runner_for_target(written.model, line)], x)

@@ -98,8 +98,9 @@ BASE="$(line_model "$LINE:$PRECISION")"
 
 if [ "$DEEPSTREAM" = 1 ]; then
   [ "$PRECISION" = @@PRECISION@@ ] || die "the DeepStream variant is the @@PRECISION@@ model; re-bundle with --precision $PRECISION"
-  [ "$BASE.raw.onnx" = "$TRITON_SOURCE" ] || die "the DeepStream model is made from ${TRITON_SOURCE%.raw.onnx}.onnx, which TensorRT $TRT_VERSION does not build as intended ($BASE.onnx does): re-bundle with --target for this device"
-  ONNX=deepstream/model.ds.onnx; ENGINE=deepstream/model.ds.engine
+  # the DeepStream form of the model this TensorRT builds (the config names model.ds.engine whichever it is)
+  if [ "$BASE.raw.onnx" = "$TRITON_SOURCE" ]; then ONNX=deepstream/model.ds.onnx; else ONNX=deepstream/$BASE.ds.onnx; fi
+  ENGINE=deepstream/model.ds.engine
   INPUT=images; SHAPE="3x${H}x${W}"
 elif [ "$VARIANT" = raw ]; then
   ONNX=$BASE.raw.onnx; ENGINE=$BASE.raw.engine
