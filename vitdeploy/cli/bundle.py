@@ -15,7 +15,9 @@ from vitdeploy.cli.options import IMAGES_ALIAS_HELP, TARGET_NAMES
 @handle_errors
 def bundle(
     models: Optional[list[Path]] = typer.Argument(
-        None, help="ONNX artifacts (model.onnx, model.fp16.onnx, model.int8.onnx) or a checkpoint. Default: those in this folder."
+        None, help="ONNX artifacts (model.onnx, model.fp16.onnx, model.int8.onnx), or a checkpoint: then the whole path runs "
+        "beside it (export, INT8 with the accuracy guard, FP16, verify on --images' labels; current artifacts reused). "
+        "Default: those in this folder."
     ),
     out: Path = typer.Option(Path("bundle"), "--out", "-o", help="Folder to write (replaced only with --force, and only when complete)."),
     precision: Optional[str] = typer.Option(None, help="Precision the engine, run.py, Triton and DeepStream use (default: int8, else fp16, else fp32)."),
