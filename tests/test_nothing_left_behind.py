@@ -192,3 +192,18 @@ def test_bundle_references_are_bounded(work: Path, tmp_path: Path) -> None:
                   "--check-images", str(work / "img"), cwd=tmp_path)  # 4 images: bounded even where unchecked
     assert r.returncode == 2, r.stdout + r.stderr
     assert listing(tmp_path) == []
+
+
+def test_a_report_and_maps_built_beside_are_moved_in_whole(work: Path, tmp_path: Path) -> None:
+    import vitdeploy.tools.explain as ex
+    from vitdeploy.checks.report import write_report
+    from vitdeploy.checks.verify import verify
+
+    report = verify(work / "model.onnx", [work / "model.onnx"], work / "img")
+    for _ in range(2):  # a new folder, then the same folder again: our own page is replaced
+        index = write_report(report, tmp_path / "report")
+        assert index == tmp_path / "report" / "index.html" and "<title>vitdeploy verify" in index.read_text()
+        assert (tmp_path / "report" / "accuracy.png").is_file()
+    res = ex.explain(sorted((work / "img").iterdir()), work / "ckpt.pth", tmp_path / "maps", batch_size=1)
+    assert sorted(p.name for p in (tmp_path / "maps").iterdir()) == sorted(e.output.name for e in res.explanations)
+    assert listing(tmp_path) == ["maps", "report"]  # nothing left beside them
