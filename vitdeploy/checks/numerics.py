@@ -144,10 +144,11 @@ def probes(model: Any) -> list[Probe]:
     """Every tensor the report watches, in graph order (a tensor may have several roles)."""
     from onnx import helper
 
-    from vitdeploy.graph.quantize import _constants, ensure_node_names, find_layers, tensors_to_calibrate
+    from vitdeploy.graph.edit import constant_values
+    from vitdeploy.graph.quantize import ensure_node_names, find_layers, tensors_to_calibrate
 
     ensure_node_names(model)
-    consts = _constants(model)
+    consts = constant_values(model.graph)
     producers = {o: n for n in model.graph.node for o in n.output}
     out: list[Probe] = []
     for n in model.graph.node:

@@ -69,3 +69,19 @@ def toposort(graph: Any, strict: bool = True) -> None:
         pending = rest
     if [id(n) for n in ordered] != [id(n) for n in graph.node]:
         replace_nodes(graph, ordered)
+
+
+def constant_values(graph: Any) -> dict[str, Any]:
+    """Every tensor name of ``graph`` that holds a constant (initializers, Constant nodes, Identity of either) → its
+    value as a numpy array: what quantize, the numerics report and the oracle read weights and scales from."""
+    from onnx import numpy_helper
+
+    out = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    out[n.output[0]] = numpy_helper.to_array(a.t)
+        elif n.op_type == "Identity" and n.input[0] in out:
+            out[n.output[0]] = out[n.input[0]]
+    return out

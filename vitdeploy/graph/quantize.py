@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from vitdeploy.graph.edit import drop_unused_initializers, replace_nodes
+from vitdeploy.graph.edit import constant_values, drop_unused_initializers, replace_nodes
 
 METHODS = ("minmax", "entropy", "percentile")
 PERCENTILE = 99.99
@@ -48,18 +48,8 @@ class Layer:
 
 
 def _constants(model: Any) -> dict[str, np.ndarray]:
-    """Every tensor name that holds a constant (initializers, Constant nodes, Identity of either) → value."""
-    from onnx import numpy_helper
-
-    out = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    for n in model.graph.node:
-        if n.op_type == "Constant":
-            for a in n.attribute:
-                if a.name == "value":
-                    out[n.output[0]] = numpy_helper.to_array(a.t)
-        elif n.op_type == "Identity" and n.input[0] in out:
-            out[n.output[0]] = out[n.input[0]]
-    return out
+    """Every tensor name that holds a constant (graph.edit.constant_values of the model's graph)."""
+    return constant_values(model.graph)
 
 
 def ensure_node_names(model: Any) -> None:

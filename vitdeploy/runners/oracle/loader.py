@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from vitdeploy.core.errors import VitdeployError
+from vitdeploy.graph.edit import constant_values
 
 GEMM_OPS = ("MatMul", "Gemm", "Conv")
 PINNED_TARGETS = ("trt8.5", "trt8.6")  # weakly typed builds: stages/engine.py pins the FP32 islands
@@ -42,20 +43,6 @@ class Lowered:
     pinned: set[str] = field(default_factory=set)
     fused: list[str] = field(default_factory=list)  # names of the GEMM nodes that run in int8
     target: str | None = None
-
-
-def _constants(graph: Any) -> dict[str, np.ndarray]:
-    from onnx import numpy_helper
-
-    out = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-    for n in graph.node:
-        if n.op_type == "Constant":
-            for a in n.attribute:
-                if a.name == "value":
-                    out[n.output[0]] = numpy_helper.to_array(a.t)
-        elif n.op_type == "Identity" and n.input[0] in out:
-            out[n.output[0]] = out[n.input[0]]
-    return out
 
 
 def declared_types(model: Any) -> dict[str, int]:
@@ -275,7 +262,7 @@ def lower(model: Any, target: str | None = None) -> Lowered:
     g = m.graph
     types = declared_types(m)
     ranks = _ranks(m)
-    consts = _constants(g)
+    consts = constant_values(g)
     producers = {o: n for n in g.node for o in n.output}
     lowered: dict[str, _Emitter] = {}
     for n in g.node:
