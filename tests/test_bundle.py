@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import configparser
-import ctypes
-import importlib.util
 import json
 import os
 import shutil
@@ -17,8 +15,8 @@ import numpy as np
 import onnx
 import pytest
 from google.protobuf import text_format
+from helpers import HostCuda, load_run_py, ort_run, write_plan
 from PIL import Image
-from test_embed import export_onnx_for_tests, ort_run
 from tritonclient.grpc import model_config_pb2
 from trt_mock import fake_tensorrt
 
@@ -64,9 +62,11 @@ def make_fp16(src: Path, out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def artifacts(digits_ckpt: Path, digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def artifacts(digits_onnx: Path, digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's fp32 export with INT8 and FP16 made by ONNX Runtime's own tools: a bundle takes artifacts that
+    vitdeploy did not make (tests/conftest.py's digits_bundle packs vitdeploy's own)."""
     d = tmp_path_factory.mktemp("artifacts")
-    export_onnx_for_tests(digits_ckpt, d / "model.onnx")
+    shutil.copy2(digits_onnx, d / "model.onnx")
     make_int8(d / "model.onnx", d / "model.int8.onnx", list_images(digits_folder / "train")[::15])
     make_fp16(d / "model.onnx", d / "model.fp16.onnx")
     return d
@@ -216,10 +216,7 @@ def test_run_py_check_passes_and_fails_when_logits_differ(bundle_dir: Path, tmp_
 
 
 def test_run_py_resize_matches_vitdeploy(bundle_dir: Path, mixed_mode_folder: Path, photo_files: list[Path]) -> None:
-    spec = importlib.util.spec_from_file_location("bundle_run", bundle_dir / "run.py")
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
+    mod = load_run_py(bundle_dir / "run.py")
     from vitdeploy.core.preprocess import Preprocess
 
     for pp in (read_onnx_manifest(bundle_dir / "model.onnx").pp(), Preprocess(input_size=(64, 64)),
@@ -423,61 +420,13 @@ def test_cli_bundle_from_folder_defaults_to_the_digits_references(artifacts: Pat
 # --- run.py's TensorRT path, against a **mock** of TensorRT and of libcudart (neither can exist here) ----------
 
 
-def _load_run_py(path: Path):  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location(f"bundle_run_{abs(hash(path))}", path)
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
-
-
-class HostCuda:
-    """libcudart stand-in: 'device' buffers are host buffers, copies are memmoves."""
-
-    H2D, D2H = 1, 2
-
-    def __init__(self) -> None:
-        self.buffers: dict[int, ctypes.Array] = {}
-        self.copies: list[int] = []
-
-    def malloc(self, n: int) -> int:
-        buf = (ctypes.c_uint8 * max(n, 1))()
-        self.buffers[ctypes.addressof(buf)] = buf
-        return ctypes.addressof(buf)
-
-    def free(self, p: int) -> None:
-        del self.buffers[p]
-
-    def stream(self) -> int:
-        return 0
-
-    def copy(self, dst: int, src: int, n: int, kind: int, stream: int) -> None:
-        self.copies.append(kind)
-        ctypes.memmove(dst, src, n)
-
-    def sync(self, stream: int) -> None:
-        pass
-
-
-def write_plan(engine: Path, onnx_path: Path, version: str, min_batch: int, opt_batch: int, max_batch: int,
-               dla_core: int | None = None) -> None:
-    """An engine file as tests/trt_mock.py's builder writes it (the ONNX it runs, the profile, the DLA core)."""
-    import onnxruntime as ort
-
-    inp = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).get_inputs()[0]
-    rest = list(inp.shape[1:])
-    plan = {"version": version, "onnx": str(onnx_path), "dla_core": dla_core,
-            "profile": [inp.name, [min_batch, *rest], [opt_batch, *rest], [max_batch, *rest]]}
-    engine.write_bytes(json.dumps(plan).encode())
-
-
 def test_run_py_tensorrt_path_with_mock_tensorrt(bundle_dir: Path, digits_folder: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     b = tmp_path / "bundle"
     shutil.copytree(bundle_dir, b)
     write_plan(b / "model.int8.raw.engine", b / "model.int8.raw.onnx", "10.3.0", 1, 4, 5)
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt("10.3.0"))
-    mod = _load_run_py(b / "run.py")
+    mod = load_run_py(b / "run.py")
     cuda = HostCuda()
     monkeypatch.setattr(mod, "CudaRT", lambda: cuda)
     assert mod.main(["--check", "--json", "--batch", "8"]) == 0
@@ -505,7 +454,7 @@ def test_run_py_pads_to_the_profile_minimum_and_sets_the_dla_core_with_mock_tens
     (b / "model.int8.raw.engine.dla").write_text("1\n")  # what build_engine.sh --dla 1 writes
     calls: list[tuple] = []
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(version, calls))
-    mod = _load_run_py(b / "run.py")
+    mod = load_run_py(b / "run.py")
     monkeypatch.setattr(mod, "CudaRT", HostCuda)
     assert mod.main(["--check", "--json", "--batch", "1"]) == 0  # 12 images one at a time, each padded to 4
     assert json.loads(capsys.readouterr().out)["ok"]
@@ -524,7 +473,7 @@ def test_run_py_refused_shape_is_one_line_with_mock_tensorrt(bundle_dir: Path, t
     shutil.copytree(bundle_dir, b)
     write_plan(b / "model.int8.raw.engine", b / "model.int8.raw.onnx", "10.3.0", 1, 4, 4)
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt("10.3.0"))
-    mod = _load_run_py(b / "run.py")
+    mod = load_run_py(b / "run.py")
     monkeypatch.setattr(mod, "CudaRT", HostCuda)
     model = mod.open_model(b / "model.int8.raw.engine", "tensorrt")
     model.max_batch = 8  # as if the profile were ignored: TensorRT refuses the shape, run.py says so
@@ -537,7 +486,7 @@ def test_run_py_foreign_engine_is_one_line_with_mock_tensorrt(bundle_dir: Path, 
     shutil.copytree(bundle_dir, b)
     write_plan(b / "model.int8.raw.engine", b / "model.int8.raw.onnx", "8.6.1", 1, 4, 4)  # built by another TensorRT
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt("10.3.0"))
-    mod = _load_run_py(b / "run.py")
+    mod = load_run_py(b / "run.py")
     monkeypatch.setattr(mod, "CudaRT", HostCuda)
     with pytest.raises(SystemExit, match="rebuild it with ./build_engine.sh"):
         mod.main(["--check"])

@@ -35,12 +35,16 @@ CALIB = ROOT / "calibration"
 
 
 @pytest.fixture(scope="module")
-def made(digits_ckpt: Path, digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def made(digits_ckpt: Path, digits_folder: Path, digits_artifacts: Path, digits_bundle: Path,
+         tmp_path_factory: pytest.TempPathFactory) -> Any:
     """target (None: the default, made for no target) -> {kind: path}: fp32 (export), fp16 (convert-fp16),
-    int8 (calibrate), raw-pixel and DeepStream (bundle), each made with that --target."""
+    int8 (calibrate), raw-pixel and DeepStream (bundle), each made with that --target (None: the session's)."""
     from vitdeploy.stages.bundle import BundleOptions, bundle
 
-    cache: dict[str | None, dict[str, Path]] = {}
+    cache: dict[str | None, dict[str, Path]] = {None: {
+        "fp32": digits_artifacts / "model.onnx", "fp16": digits_artifacts / "model.fp16.onnx",
+        "int8": digits_artifacts / "model.int8.onnx", "raw-pixel": digits_bundle / "model.int8.raw.onnx",
+        "deepstream": digits_bundle / "deepstream" / "model.ds.onnx", "bundle": digits_bundle}}
 
     def get(target: str | None) -> dict[str, Path]:
         key = target
@@ -172,7 +176,7 @@ def test_8x_builds_obey_the_graph_precision(made: Any, tmp_path: Path, monkeypat
     8.5), Softmax and reduction is pinned to FP32 (precision and output types) and OBEY_PRECISION_CONSTRAINTS is
     set (defect 3: without them the float32 islands are only hints). 10.x (strongly typed) gets neither."""
     import fake_libcuda
-    from test_engine_mock_tensorrt import FakeHostCuda
+    from helpers import FakeHostCuda
 
     from vitdeploy.graph.fp16 import fp32_islands
     from vitdeploy.runners.tensorrt import cuda
@@ -205,7 +209,7 @@ def test_8x_builds_obey_the_graph_precision(made: Any, tmp_path: Path, monkeypat
 # ---------------------------------------------------------------- each defect of issue 14, put back by hand
 
 
-def test_defect1_layernorm_graph_fails_for_85(made: Any) -> None:
+def test_a_layernorm_graph_fails_for_trt85_and_passes_for_trt86(made: Any) -> None:
     """An opset-17 graph with LayerNormalization (every default artifact) fails 8.5 and passes 8.6."""
     path = made("trt10")["fp32"]
     assert any(n.op_type == "LayerNormalization" for n in onnx.load(str(path)).graph.node)
@@ -215,7 +219,7 @@ def test_defect1_layernorm_graph_fails_for_85(made: Any) -> None:
     assert cf.check_onnx(path, "trt8.6").ok
 
 
-def test_defect2_float32_scales_and_cast_islands_fail_for_10(made: Any, tmp_path: Path) -> None:
+def test_float32_scales_and_cast_islands_fail_for_trt10(made: Any, tmp_path: Path) -> None:
     from onnx import helper, numpy_helper
 
     m = onnx.load(str(made("trt10")["int8"]))
@@ -236,7 +240,7 @@ def test_defect2_float32_scales_and_cast_islands_fail_for_10(made: Any, tmp_path
     assert cf.check_int8_intent(m, "trt8.6").ok  # 8.x is weakly typed: float32 scales are what its parser reads
 
 
-def test_defect2b_float16_scales_fail_for_8x() -> None:
+def test_float16_scales_fail_for_trt8x() -> None:
     from onnx import TensorProto, helper, numpy_helper
 
     g = helper.make_graph(
@@ -251,7 +255,7 @@ def test_defect2b_float16_scales_fail_for_8x() -> None:
     assert not [f for f in cf.check_onnx(m, "trt10").findings if f.check in ("scale", "opset")]
 
 
-def test_defect3_no_obey_precision_constraints_fails_for_8x() -> None:
+def test_a_plan_without_obey_precision_constraints_fails_for_trt8x() -> None:
     from vitdeploy.runners.tensorrt.versions import NetworkPlan
 
     rep = cf.check_precision_plan("trt8.5", lambda v, p: NetworkPlan(True, False, ("FP16",)))
@@ -259,7 +263,7 @@ def test_defect3_no_obey_precision_constraints_fails_for_8x() -> None:
     assert cf.check_precision_plan("trt8.6", lambda v, p: NetworkPlan(True, False, ("FP16", "OBEY_PRECISION_CONSTRAINTS"))).ok
 
 
-def test_defect4_skip_inference_fails_for_85(made: Any, tmp_path: Path) -> None:
+def test_trtexec_skip_inference_fails_for_trt85(made: Any, tmp_path: Path) -> None:
     assert cf.check_trtexec_flags({"--skipInference"}, "8.5") and not cf.check_trtexec_flags({"--buildOnly"}, "8.5")
     assert not cf.check_trtexec_flags({"--skipInference"}, "8.6")
     b = tmp_path / "b"
@@ -272,21 +276,11 @@ def test_defect4_skip_inference_fails_for_85(made: Any, tmp_path: Path) -> None:
     assert [f.problem for f in found] == ["trtexec of TensorRT 8.5 has no option --skipInference (an unknown option is fatal)"]
 
 
-def _load_run_py(path: Path) -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"conf_run_{abs(hash(path))}", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_defect5_run_py_without_padding_or_dla_core_fails(made: Any, tmp_path: Path,
+def test_run_py_without_padding_or_dla_core_fails(made: Any, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A DLA engine (fixed batch 4, core 1) through the facts-built mock: run.py as shipped works; with the padding
     or the DLA core taken out (the old code) it fails where TensorRT would."""
-    from test_bundle import HostCuda, write_plan
+    from helpers import HostCuda, load_run_py, write_plan
 
     b = tmp_path / "b"
     shutil.copytree(made("trt10")["bundle"], b)
@@ -302,7 +296,7 @@ def test_defect5_run_py_without_padding_or_dla_core_fails(made: Any, tmp_path: P
     for name, (text, want) in variants.items():
         assert text != src or name == "as shipped"
         (b / "run.py").write_text(text)
-        mod = _load_run_py(b / "run.py")
+        mod = load_run_py(b / "run.py")
         monkeypatch.setattr(mod, "CudaRT", HostCuda)
         if want == 0:
             assert mod.main(["--check", "--batch", "1"]) == 0, name
@@ -317,7 +311,7 @@ def test_defect5_run_py_without_padding_or_dla_core_fails(made: Any, tmp_path: P
     for text, refused in ((src, True), (src.replace(checked, "if not (self.context.set_input_shape(name, tuple(x.shape)) "
                                                            "or True):"), False)):
         (b / "run.py").write_text(text)
-        mod = _load_run_py(b / "run.py")
+        mod = load_run_py(b / "run.py")
         monkeypatch.setattr(mod, "CudaRT", HostCuda)
         model = mod.TrtModel(b / "model.int8.raw.engine")
         if refused:
@@ -330,7 +324,7 @@ def test_defect5_run_py_without_padding_or_dla_core_fails(made: Any, tmp_path: P
                 assert "refused input shape" not in str(e)
 
 
-def test_defect6_dla_lines_and_opsets(made: Any) -> None:
+def test_dla_lines_and_opsets_too_new_fail(made: Any) -> None:
     assert not cf.check_dla_lines(["# or, TensorRT 11.0:  trtexec --onnx=m.onnx --useDLACore=0 --allowGPUFallback"]).ok
     assert not cf.check_dla_lines(["# or, TensorRT 10.8:  trtexec --onnx=m.onnx --useDLACore=0"]).ok
     assert cf.check_dla_lines(["# or, TensorRT 10.7:  trtexec --onnx=m.onnx --useDLACore=0"]).ok
@@ -503,7 +497,7 @@ def test_build_engine_makes_the_artifact_for_the_tensorrt_it_finds(made: Any, di
     TensorRT found (8.5: LayerNorm spelled out, which 8.5's parser needs; 10: float16 scales) and the engine builds.
     Asking for another target there is one line naming both."""
     import fake_libcuda
-    from test_engine_mock_tensorrt import FakeHostCuda
+    from helpers import FakeHostCuda
 
     from vitdeploy.core.errors import VitdeployError
     from vitdeploy.runners.tensorrt import cuda

@@ -11,7 +11,6 @@ GPU-free part run here against run.py on real images (issue 16).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -23,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import PIL
 import pytest
+from helpers import load_run_py
 from PIL import Image
-from test_embed import export_onnx_for_tests
 
 from vitdeploy.stages.bundle import BundleOptions, bundle
 
@@ -108,20 +107,12 @@ def test_library_and_example_compile_against_tensorrt_headers(version: str, cuda
 
 
 @pytest.fixture(scope="module")
-def bundle_dir(digits_ckpt: Path, digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def bundle_dir(digits_onnx: Path, digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("cppb")
-    export_onnx_for_tests(digits_ckpt, d / "model.onnx")
+    shutil.copy2(digits_onnx, d / "model.onnx")
     out = d / "bundle"
     bundle([d / "model.onnx"], out, BundleOptions(check_images=[digits_folder / "val"], references=11))
     return out
-
-
-def load_run_py(folder: Path) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bundle_run_{abs(hash(folder))}", folder / "run.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_bundle_writes_cpp_and_its_facts(bundle_dir: Path) -> None:
@@ -254,7 +245,7 @@ def bundle_facts(bundle_dir: Path) -> tuple[dict, dict, int]:
 
 def test_png_batch_is_byte_identical_to_run_py(bundle_dir: Path, classify_bin: Path, test_images: dict[str, list[Path]],
                                                 tmp_path: Path) -> None:
-    run_py = load_run_py(bundle_dir)
+    run_py = load_run_py(bundle_dir / "run.py")
     pp, spec, classes = bundle_facts(bundle_dir)
     h, w = pp["input_size"]
     files = test_images["png"]
@@ -280,7 +271,7 @@ PP_VARIANTS = [
 @pytest.mark.parametrize("pp", PP_VARIANTS, ids=lambda p: f"{p['interpolation']}-{p['resize_mode']}-{p['input_size'][0]}x{p['input_size'][1]}")
 def test_png_resize_identical_for_every_pillow_filter(pp: dict, bundle_dir: Path, classify_bin: Path,
                                                        test_images: dict[str, list[Path]], tmp_path: Path) -> None:
-    run_py = load_run_py(bundle_dir)
+    run_py = load_run_py(bundle_dir / "run.py")
     h, w = pp["input_size"]
     cfg = tmp_path / "bundle.cfg"
     cfg.write_text(f"input_height={h}\ninput_width={w}\nresize_mode={pp['resize_mode']}\ncrop_pct={pp['crop_pct']!r}\n"
@@ -297,7 +288,7 @@ def test_horizontal_order_is_pillow12s_two_single_passes(bundle_dir: Path, class
                                                          test_images: dict[str, list[Path]], tmp_path: Path) -> None:
     """resample_order=horizontal (Pillow <= 12, e.g. JetPack's python3-pil): a horizontal-only resize, then a
     vertical-only one, each of which Pillow 13 still runs alone, and which the bundle's resize then matches."""
-    run_py = load_run_py(bundle_dir)
+    run_py = load_run_py(bundle_dir / "run.py")
     h, w = 32, 32
     cfg = tmp_path / "bundle.cfg"
     cfg.write_text(f"input_height={h}\ninput_width={w}\nresize_mode=squash\ninterpolation=bicubic\n"
@@ -316,7 +307,7 @@ def test_horizontal_order_is_pillow12s_two_single_passes(bundle_dir: Path, class
 
 def test_jpeg_within_2_levels_and_same_top1(bundle_dir: Path, classify_bin: Path, test_images: dict[str, list[Path]],
                                             tmp_path: Path) -> None:
-    run_py = load_run_py(bundle_dir)
+    run_py = load_run_py(bundle_dir / "run.py")
     pp, spec, classes = bundle_facts(bundle_dir)
     h, w = pp["input_size"]
     files = test_images["jpg"]
@@ -331,7 +322,7 @@ def test_jpeg_within_2_levels_and_same_top1(bundle_dir: Path, classify_bin: Path
 def test_example_prints_what_run_py_prints(bundle_dir: Path, classify_bin: Path, test_images: dict[str, list[Path]],
                                            tmp_path: Path) -> None:
     """Split above the profile max (6), pad below its min (3), skip bad files by name; same lines as run.py."""
-    run_py = load_run_py(bundle_dir)
+    run_py = load_run_py(bundle_dir / "run.py")
     pp, spec, classes = bundle_facts(bundle_dir)
     h, w = pp["input_size"]
     man = json.loads((bundle_dir / "manifest.json").read_text())

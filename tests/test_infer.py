@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import MODES, save_in_mode
 from PIL import Image
 from typer.testing import CliRunner
 
-from tests.conftest import MODES, save_in_mode
 from vitdeploy.checks.metrics import softmax, top_k
 from vitdeploy.cli import app
 from vitdeploy.core.errors import VitdeployError
@@ -26,18 +26,11 @@ cli = CliRunner()
 BROKEN = {"truncated.jpg", "empty.png", "notes.png"}
 
 
-def export(ckpt: Path, out: Path) -> Path:
-    """The ONNX model of a checkpoint, with the project's exporter."""
-    from vitdeploy.stages.export import export_onnx
-
-    return Path(export_onnx(ckpt, out=out, check=False).path)
-
-
 @pytest.fixture(scope="module")
-def model_dir(digits_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def model_dir(digits_ckpt: Path, digits_onnx: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("models")
     shutil.copy(digits_ckpt, d / "ckpt.pth")
-    export(d / "ckpt.pth", d / "model.onnx")
+    shutil.copy(digits_onnx, d / "model.onnx")
     return d
 
 

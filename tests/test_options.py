@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from test_embed import export_onnx_for_tests
 
 from vitdeploy.tools.bench import activation_bytes
 
@@ -24,10 +23,10 @@ def vitdeploy(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def work(digits_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def work(digits_ckpt: Path, digits_onnx: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("options")
     (d / "ckpt.pth").write_bytes(digits_ckpt.read_bytes())
-    export_onnx_for_tests(digits_ckpt, d / "model.onnx")
+    (d / "model.onnx").write_bytes(digits_onnx.read_bytes())
     (d / "img").mkdir()
     from PIL import Image
 

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import MODES, save_in_mode
 from PIL import Image
 
-from tests.conftest import MODES, save_in_mode
 from vitdeploy.core.preprocess import ImageReadError, Preprocess, list_images, load_image, preprocess_file, resize_crop
 
 

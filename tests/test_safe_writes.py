@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from test_embed import export_onnx_for_tests
 
 from vitdeploy.core.errors import UsageError
 from vitdeploy.core.fileio import TMP_TAG, atomic_path, check_output, clean_stale, temp_dir_beside, write_text_atomic
@@ -37,10 +36,10 @@ def tree(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def work(digits_ckpt: Path, digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def work(digits_ckpt: Path, digits_onnx: Path, digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("safe")
     shutil.copy(digits_ckpt, d / "ckpt.pth")
-    export_onnx_for_tests(digits_ckpt, d / "model.onnx")
+    shutil.copy(digits_onnx, d / "model.onnx")
     (d / "img").mkdir()
     (d / "img2").mkdir()
     val = sorted((digits_folder / "val").rglob("*.png"))
@@ -58,7 +57,7 @@ def bomb(path: Path) -> Path:
 # item 1 ---------------------------------------------------------------------------------------------------------
 
 
-def test_item1_explain_maps_stay_inside_out_for_same_stems_by_absolute_path(work: Path, tmp_path: Path) -> None:
+def test_explain_maps_stay_inside_out_for_same_stems_by_absolute_path(work: Path, tmp_path: Path) -> None:
     a = work / "img" / "a.png"
     for paths in ([a, work / "img2" / "a.png"], [a, a], [Path("img/a.png"), a]):
         names = output_names(paths, tmp_path / "maps")
@@ -91,7 +90,7 @@ def test_item1_explain_maps_stay_inside_out_for_same_stems_by_absolute_path(work
     ("explain", "img/a.png", "--model", "model.onnx", "-o", "model.onnx"),
     ("bundle", "model.onnx", "-o", "."),
 ], ids=lambda a: " ".join(a))
-def test_items_2_3_11_15_outputs_are_checked_before_any_work(work: Path, args: tuple[str, ...]) -> None:
+def test_outputs_are_checked_before_any_work(work: Path, args: tuple[str, ...]) -> None:
     link = work / "link.onnx"
     if not link.exists():
         link.symlink_to(work / "model.onnx")
@@ -102,7 +101,7 @@ def test_items_2_3_11_15_outputs_are_checked_before_any_work(work: Path, args: t
     assert tree(work) == before  # the input is intact, nothing written
 
 
-def test_item3_import_over_its_source_keeps_train_state(work: Path) -> None:
+def test_import_over_its_source_keeps_train_state(work: Path) -> None:
     import torch
 
     before = torch.load(work / "ckpt.pth", weights_only=False, map_location="cpu")
@@ -127,7 +126,7 @@ def test_check_output_refuses_unwritable_and_wrong_kinds(tmp_path: Path) -> None
         check_output("/proc/x.onnx")
 
 
-def test_item15_json_dash_is_stdout(work: Path) -> None:
+def test_json_dash_is_stdout(work: Path) -> None:
     r = vitdeploy("verify", "model.onnx", "model.onnx", "--images", "img", "--json", "-", cwd=work)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["results"][0]["artifact"].endswith("model.onnx")
@@ -137,7 +136,7 @@ def test_item15_json_dash_is_stdout(work: Path) -> None:
 # item 4 ---------------------------------------------------------------------------------------------------------
 
 
-def test_item4_bundle_force_never_deletes_a_folder_that_is_not_a_bundle(work: Path) -> None:
+def test_bundle_force_never_deletes_a_folder_that_is_not_a_bundle(work: Path) -> None:
     notes = work / "notes"
     notes.mkdir(exist_ok=True)
     (notes / "mine.txt").write_text("a user's notes\n")
@@ -149,7 +148,7 @@ def test_item4_bundle_force_never_deletes_a_folder_that_is_not_a_bundle(work: Pa
 # item 5 ---------------------------------------------------------------------------------------------------------
 
 
-def test_item5_build_engine_int8_keeps_a_guarded_int8_model(work: Path, tmp_path: Path) -> None:
+def test_build_engine_int8_keeps_a_guarded_int8_model(work: Path, tmp_path: Path) -> None:
     from vitdeploy.core.artifact import read_onnx_manifest
     from vitdeploy.core.manifest import set_onnx_manifest
 
@@ -171,7 +170,7 @@ def test_item5_build_engine_int8_keeps_a_guarded_int8_model(work: Path, tmp_path
 # item 7 ---------------------------------------------------------------------------------------------------------
 
 
-def test_item7_a_decompression_bomb_is_one_unreadable_image(work: Path, tmp_path: Path) -> None:
+def test_a_decompression_bomb_is_one_unreadable_image(work: Path, tmp_path: Path) -> None:
     b = bomb(tmp_path / "bomb.png")
     with pytest.raises(ImageReadError, match="too large"):
         load_image(b)
@@ -188,7 +187,7 @@ def test_item7_a_decompression_bomb_is_one_unreadable_image(work: Path, tmp_path
 # items 8, 9 -----------------------------------------------------------------------------------------------------
 
 
-def test_item8_artifacts_and_bundle_folders_follow_the_umask(work: Path, tmp_path: Path) -> None:
+def test_artifacts_and_bundle_folders_follow_the_umask(work: Path, tmp_path: Path) -> None:
     for mask in (0o022, 0o002):
         d = tmp_path / f"m{mask:o}"
         d.mkdir()
@@ -205,7 +204,7 @@ def test_item8_artifacts_and_bundle_folders_follow_the_umask(work: Path, tmp_pat
         os.umask(old)
 
 
-def test_item9_a_killed_runs_temp_files_are_removed_by_the_next(tmp_path: Path) -> None:
+def test_a_killed_runs_temp_files_are_removed_by_the_next(tmp_path: Path) -> None:
     dest = tmp_path / "model.onnx"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(dead.stdout)  # a process that has exited
@@ -228,7 +227,7 @@ def test_item9_a_killed_runs_temp_files_are_removed_by_the_next(tmp_path: Path) 
 # item 14, 15 (calibrate exit 3, datasets) -------------------------------------------------------------------------
 
 
-def test_item15_calibrate_exits_3_when_it_skipped_files(work: Path, tmp_path: Path, digits_folder: Path) -> None:
+def test_calibrate_exits_3_when_it_skipped_files(work: Path, tmp_path: Path, digits_folder: Path) -> None:
     imgs = tmp_path / "calib"
     imgs.mkdir()
     for f in sorted((digits_folder / "train").rglob("*.png"))[:8]:
@@ -240,7 +239,7 @@ def test_item15_calibrate_exits_3_when_it_skipped_files(work: Path, tmp_path: Pa
     assert (tmp_path / "m.int8.onnx").is_file()
 
 
-def test_item15_datasets_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
+def test_datasets_are_written_whole_or_not_at_all(tmp_path: Path) -> None:
     r = vitdeploy("datasets", "digits", "d", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]  # no temp folder left beside it
@@ -249,7 +248,7 @@ def test_item15_datasets_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
     assert again.returncode == 2 and "exists" in again.stderr
 
 
-def test_item14_words_say_what_is_wrong(work: Path) -> None:
+def test_messages_say_what_is_wrong_and_what_to_do(work: Path) -> None:
     r = vitdeploy("calibrate", "img", cwd=work)
     assert r.returncode == 1 and "is a folder" in r.stderr, r.stderr
     r = vitdeploy("infer", "img", "--model", "model.onnx", "--backend", "torch", cwd=work)

@@ -19,15 +19,9 @@ from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.manifest import set_onnx_manifest
 from vitdeploy.model.checkpoint import save_checkpoint
 from vitdeploy.model.importers import load_any
-from vitdeploy.stages.export import export_onnx
 
 cli = CliRunner()
 KEYS = {"artifact", "top1", "agreement", "max_abs_diff", "mean_abs_diff", "max_abs_logit", "cosine"}
-
-
-@pytest.fixture(scope="module")
-def digits_onnx(digits_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return export_onnx(digits_ckpt, tmp_path_factory.mktemp("verify") / "model.onnx", check=False).path
 
 
 @pytest.fixture(scope="module")
