@@ -30,7 +30,10 @@ BACKENDS = ("oracle", "onnxruntime", "openvino")
 
 def worker(backend: str, artifact: str, x_path: str, out_path: str) -> None:
     """One runtime, one artifact, in this process only: logits of x written to out_path."""
+    from vitdeploy.runners.base import Runner
+
     x = np.load(x_path)
+    r: Runner
     if backend == "oracle":
         from vitdeploy.runners.oracle.runner import OracleRunner
 
@@ -102,6 +105,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=None, help="training epochs (default: vitdeploy train's)")
     ap.add_argument("--k", type=float, default=50.0)
     ap.add_argument("--channels", type=int, default=4)
+    ap.add_argument("--modelopt", type=Path, default=None, metavar="PYTHON",
+                    help="a Python with nvidia-modelopt[onnx] (its own venv: it pins onnx/onnxruntime-gpu): adds its INT8 rows")
     ap.add_argument("--worker", nargs=4, metavar=("BACKEND", "ARTIFACT", "X", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -138,6 +143,34 @@ def main() -> None:
     for _, src, out, extra in rows:
         if not (w / out).exists():
             vitdeploy("calibrate", src, "-o", out, "--num-images", "512", *extra, cwd=w)
+    if a.modelopt is not None:  # NVIDIA ModelOpt's ONNX PTQ on the same 512 calibration images (entropy, fp16 float)
+        calib_x = w / "calib-x.npy"
+        if not calib_x.exists():
+            from vitdeploy.core.artifact import read_onnx_manifest as _read
+            from vitdeploy.model.imageset import ImageSet
+
+            _, cx, _ = ImageSet.folder(w / "calibration", 512, 0).arrays(_read(w / "model.onnx").pp())
+            np.save(calib_x, cx)
+        for label, src in (("ModelOpt", "model.onnx"), (f"{a.k:g}× spread: ModelOpt", "spread.onnx")):
+            out = src.replace(".onnx", ".modelopt.int8.onnx")
+            if not (w / out).exists():
+                code = ("import numpy as np; from modelopt.onnx.quantization import quantize; "
+                        f"quantize({str(w / src)!r}, 'int8', calibration_data=np.load({str(calib_x)!r}), "
+                        "calibration_method='entropy', calibration_eps=['cpu'], high_precision_dtype='fp16', "
+                        f"output_path={str(w / out)!r}, log_level='ERROR')")
+                subprocess.run([str(a.modelopt), "-c", code], check=True, cwd=w)
+                import onnx
+
+                from vitdeploy.core.artifact import OnnxArtifact
+
+                # ModelOpt writes no vitdeploy manifest: give it its source's (INT8, for TensorRT 10+ strongly typed
+                # builds, which is what its fp16 float parts are made for), so every runner reads it alike
+                src_art = OnnxArtifact.open(w / src)
+                mo = onnx.load(str(w / out))
+                OnnxArtifact.write(mo, src_art.manifest.derive(precision="int8", target="trt10",
+                                                               source=src_art.source_record(), tool="nvidia-modelopt"),
+                                   w / out)
+            rows.append((label, src, out, []))
 
     from vitdeploy.checks.guard import load_eval_set
     from vitdeploy.core.artifact import read_onnx_manifest
