@@ -216,7 +216,8 @@ def _recorded_images(art: OnnxArtifact) -> list[Path]:
 
 def _calibration_folder(art: OnnxArtifact, images: Path | None) -> tuple[Path, int] | None:
     """(folder, number of images) to calibrate again on: the folder the recorded images came from while they all
-    still exist there, else the one image rule (--images, then calibration/)."""
+    still exist there, else the one image rule (--images, then calibration/, then the digits for a digits model:
+    folder None, calibrate's own rule); None when none of them has images."""
     files = _recorded_images(art)
     if files:
         root = Path(os.path.commonpath([str(f.parent) for f in files]))
@@ -225,6 +226,8 @@ def _calibration_folder(art: OnnxArtifact, images: Path | None) -> tuple[Path, i
         return Path(images), 512
     if Path("calibration").is_dir() and list_images(Path("calibration")):
         return Path("calibration"), 512
+    if art.manifest.source.get("dataset") == "digits":
+        return None, 512
     return None
 
 
@@ -250,10 +253,14 @@ def _remake(art: OnnxArtifact, source: Path, notes: list[str], images: Path | No
     budget: dict[str, Any] = {}
     if ev and Path(ev).exists() and (guard.get("max_drop") is not None or guard.get("min_agreement") is not None):
         budget = {"eval_dir": ev, "max_drop": guard.get("max_drop"), "min_agreement": guard.get("min_agreement")}
+    # smoothing as recorded: absent (made before calibrate had it) -> its default, None -> off, else the mode given
+    sm = q.get("smoothing", {"mode": "auto"})
+    smooth = str(sm.get("mode", "auto")) if isinstance(sm, dict) else "off"
     res = calibrate(source, folder[0], art.path, num_images=folder[1], method=q.get("method", "entropy"),
                     quantize_attention=bool(q.get("quantize_attention")), float_type=q.get("float_type"),
-                    seed=int(q.get("seed", 0)), target=m.target, **budget)
-    notes.append(f"{art.path}: calibrated again on {res.images} images from {folder[0]} ({q.get('method')})")
+                    seed=int(q.get("seed", 0)), target=m.target, smooth=smooth, **budget)
+    notes.append(f"{art.path}: calibrated again on {res.images} images from {folder[0] or 'the digits'} "
+                 f"({q.get('method')}, smoothing {smooth})")
     return res.artifact or OnnxArtifact.open(art.path)
 
 
@@ -966,7 +973,7 @@ def prepare(ckpt: str | Path, images: str | Path | None, target: str | None = No
         if not _current_for(q8, target):
             from vitdeploy.stages.precision import calibrate
 
-            calib = images if images is not None else "calibration"
+            calib = images  # None: calibrate's one rule (calibration/, else the digits for a digits model)
             say("calibrating INT8" + (" with the accuracy guard" if labeled else ""))
             budget: dict[str, Any] = {"eval_dir": labeled, "max_drop": GUARD_MAX_DROP} if labeled is not None else {}
             if labeled is None:
