@@ -214,7 +214,7 @@ def _recorded_images(art: OnnxArtifact) -> list[Path]:
     return out
 
 
-def _calibration_folder(art: OnnxArtifact, images: Path | None) -> tuple[Path, int] | None:
+def _calibration_folder(art: OnnxArtifact, images: Path | None) -> tuple[Path | None, int] | None:
     """(folder, number of images) to calibrate again on: the folder the recorded images came from while they all
     still exist there, else the one image rule (--images, then calibration/, then the digits for a digits model:
     folder None, calibrate's own rule); None when none of them has images."""
