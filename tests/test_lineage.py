@@ -48,3 +48,23 @@ def test_the_remake_command_keeps_precision_and_target(tmp_path: Path) -> None:
                  source={"kind": "checkpoint", "path": "ckpt.pth", "sha256": "0" * 64})
     assert remake_command(fp32, m) == f"vitdeploy export {ckpt}"
     assert source_link(fp32, m).status == STALE
+
+
+def test_verify_names_a_candidate_made_from_an_earlier_reference(digits_artifacts: Path, tmp_path: Path) -> None:
+    """verify of model.int8.onnx against a re-exported model.onnx says the candidate is stale and how to re-make it."""
+    import shutil
+
+    import onnx
+
+    from vitdeploy.checks.verify import verify
+    from vitdeploy.model.data import write_digits
+
+    for name in ("model.onnx", "model.int8.onnx"):
+        shutil.copy(digits_artifacts / name, tmp_path / name)
+    m = onnx.load(str(tmp_path / "model.onnx"))
+    m.doc_string = "exported again"  # the same weights, another file: what a re-export after retraining looks like
+    onnx.save(m, str(tmp_path / "model.onnx"))
+    write_digits(tmp_path / "digits")
+    report = verify(tmp_path / "model.onnx", [tmp_path / "model.int8.onnx"], tmp_path / "digits" / "val", backend="onnxruntime")
+    stale = [n for n in report.notes if "is stale" in n]
+    assert stale and "vitdeploy calibrate" in stale[0] and "model.int8.onnx" in stale[0]

@@ -234,6 +234,7 @@ def verify(
     """
     from vitdeploy.checks.compare import require_same_model, run
     from vitdeploy.core.artifact import read_onnx_manifest
+    from vitdeploy.core.lineage import STALE, remake_command, source_link
     from vitdeploy.core.targets import CPU_TARGETS
     from vitdeploy.model.imageset import ImageSet
     from vitdeploy.runners import BACKENDS_OF_KIND, Runner, artifact_kind, default_backend, open_runner
@@ -271,6 +272,10 @@ def verify(
             if i > 0:
                 require_same_model((str(artifacts[0]), runners[0].manifest), (str(a), runners[i].manifest),
                                    "verify compares artifacts of one model")
+                link = source_link(a, runners[i].manifest)  # lineage: never judged silently when it is stale
+                if link.status == STALE:
+                    notes.append(f"{a} is stale: made from an earlier {link.source.name if link.source else 'source'}; "
+                                 f"re-make it with `{remake_command(a, runners[i].manifest)}`")
         ref_manifest = runners[0].manifest
         image_set = ImageSet.labeled(images, list(ref_manifest.labels))
         notes += image_set.notes
