@@ -729,6 +729,8 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     }
     write_cpp(root, base, raw_variant_name(ONNX_NAMES[default]))
     shutil.copyfile(TEMPLATES / "run.py", root / "run.py")
+    # the engine inspector's parser (stdlib only), so run.py --check prints the engine's precision receipt on the device
+    shutil.copyfile(Path(__file__).resolve().parents[1] / "runners" / "tensorrt" / "inspector.py", root / "receipt.py")
     (root / "build_engine.sh").write_text(_render("build_engine.sh", values))
     (root / "build_engine.sh").chmod(0o755)
     (root / "run.py").chmod(0o755)
