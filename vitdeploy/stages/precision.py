@@ -349,6 +349,61 @@ def _smooth(model: Any, manifest: Manifest, files: ImageSet, batch_size: int,
     return res.model, {**record, "applied": True, **res.to_dict()}
 
 
+STRENGTHS = (0.5, 0.25, 0.75, 0.0)  # the smoothing strengths the guard tries, SmoothQuant's default first
+
+
+def _layers(model: Any, target: str | None, quantize_attention: bool, src: Path) -> tuple[list[Any], list[Any]]:
+    """Every MatMul/Conv layer of the graph, and those to quantize for ``target`` (a CPU target also quantizes the
+    attention scores, as NNCF's transformer scheme does)."""
+    from vitdeploy.graph.quantize import cpu_layers, find_layers
+
+    all_layers = find_layers(model)
+    layers = [la for la in all_layers if quantize_attention or la.kind != "attention"]
+    if target in CPU_TARGETS:
+        layers = cpu_layers(model, all_layers, quantize_attention)
+    if not layers:
+        raise VitdeployError(f"{src}: no MatMul/Conv layers to quantize were found; is it a ViT exported by vitdeploy?")
+    return all_layers, layers
+
+
+def _choose_strength(fp32: Any, manifest: Manifest, files: ImageSet, batch_size: int, facts: TargetFacts | None,
+                     src: Path, target: str | None, quantize_attention: bool, method: str, ev: Any, backend: str,
+                     record: dict[str, Any], progress: Progress | None) -> tuple[Any, dict[str, Any]]:
+    """The smoothing strength the guard picks: every one in STRENGTHS calibrated on ``files`` and measured on the
+    eval set, on the guard's runner (the oracle for a TensorRT target); the best top-1 agreement with FP32 wins (then
+    the smaller drop). Returns the FP32 model smoothed at that strength and the manifest's record of the choice."""
+    import copy
+
+    from vitdeploy.checks.guard import figures, logits, runner_factory
+    from vitdeploy.graph.quantize import ensure_node_names, insert_qdq, tensors_to_calibrate
+    from vitdeploy.graph.smooth import smooth as migrate
+
+    cmax = site_channel_max(fp32, (b.array for b in files.batches(manifest.pp(), batch_size) if len(b.paths)))
+    ref = logits(fp32, ev.x)
+    factory = runner_factory(backend, manifest, target)
+    tried: dict[str, Any] = {}
+    best: tuple[tuple[float, float], float, Any] | None = None
+    for i, alpha in enumerate(STRENGTHS):
+        if progress:
+            progress("strength", {"done": i, "total": len(STRENGTHS), "layer": f"smoothing strength {alpha}"})
+        smoothed = migrate(fp32, cmax, alpha).model
+        m = copy.deepcopy(smoothed)
+        _fit_graph(m, facts, src)
+        ensure_node_names(m)
+        all_layers, layers = _layers(m, target, quantize_attention, src)
+        ranges = _collect_ranges(m, tensors_to_calibrate(all_layers), files, manifest, batch_size, None)[0]
+        q = insert_qdq(m, layers, {t: r[method] for t, r in ranges.items()})
+        f = figures(ref, logits(q, ev.x, factory=factory), ev.y)
+        tried[str(alpha)] = {"agreement": round(f.agreement, 6), "drop_points": f.drop_points}
+        key = (f.agreement, -f.drop_points)
+        if best is None or key > best[0]:
+            best = (key, alpha, smoothed)
+    assert best is not None
+    _, alpha, chosen = best
+    res = migrate(fp32, cmax, alpha)
+    return chosen, {**record, **res.to_dict(), "chosen_by": f"the guard on {backend}", "tried": tried}
+
+
 def _budget_missed(after: dict[str, Any], max_drop: float | None, min_agreement: float | None, excluded: int) -> VitdeployError:
     want = " and ".join(
         ([f"--max-drop {max_drop}"] if max_drop is not None else [])
@@ -408,7 +463,7 @@ def _quantization_record(
 def _quantize(
     model: Any, manifest: Manifest, layers: list[Any], amax: dict[str, float], eval_dir: str | Path | None,
     max_drop: float | None, min_agreement: float | None, progress: Progress | None, backend: str = "onnxruntime",
-    target: str | None = None,
+    target: str | None = None, ev: Any = None,
 ) -> tuple[Any, list[str], dict[str, Any], dict[str, Any] | None, Any]:
     """The Q/DQ model, the layers kept in float, the guard's figures and record (None without --eval), and
     (eval set, FP32 logits) to measure the written model on (None without --eval).
@@ -424,7 +479,7 @@ def _quantize(
 
     if progress:
         progress("evaluate", {})
-    ev = load_eval_set(eval_dir, manifest)
+    ev = ev if ev is not None else load_eval_set(eval_dir, manifest)
     ref = logits(model, ev.x)
     factory = runner_factory(backend, manifest, target)
     qmodel, g = guard(SwitchableQDQ(model, layers, amax), ev, ref, max_drop, progress, min_agreement, factory=factory)
@@ -474,7 +529,7 @@ def calibrate(
     """
     from vitdeploy.graph.edit import opset
     from vitdeploy.graph.fp16 import to_fp16
-    from vitdeploy.graph.quantize import ensure_node_names, find_layers, tensors_to_calibrate
+    from vitdeploy.graph.quantize import ensure_node_names, tensors_to_calibrate
 
     _check_options(method, float_type or "fp32", batch_size, max_drop, min_agreement, eval_dir)
     check_target(target)
@@ -499,17 +554,19 @@ def calibrate(
     dest = Path(out) if out is not None else precision_name(src, "int8")
     warnings: list[str] = []
     files = _sample_images(images, num_images, seed, manifest, warnings)
+    fp32 = model
     model, smoothing = _smooth(model, manifest, files, batch_size, smooth)  # before LayerNorm is spelled out
+    ev = None
+    if eval_dir is not None and smooth == "auto" and smoothing and smoothing.get("applied"):
+        # the guard chooses the strength: each candidate calibrated and measured on --eval, the best agreement kept
+        from vitdeploy.checks.guard import load_eval_set
+
+        ev = load_eval_set(eval_dir, manifest)
+        model, smoothing = _choose_strength(fp32, manifest, files, batch_size, facts, src, target, quantize_attention,
+                                            method, ev, backend, smoothing, progress)
     _fit_graph(model, facts, src)
     ensure_node_names(model)
-    all_layers = find_layers(model)
-    layers = [la for la in all_layers if quantize_attention or la.kind != "attention"]
-    if target in CPU_TARGETS:
-        from vitdeploy.graph.quantize import cpu_layers
-
-        layers = cpu_layers(model, all_layers, quantize_attention)
-    if not layers:
-        raise VitdeployError(f"{src}: no MatMul/Conv layers to quantize were found; is it a ViT exported by vitdeploy?")
+    all_layers, layers = _layers(model, target, quantize_attention, src)
 
     tensors = tensors_to_calibrate(all_layers)
     model_sha = art.sha256
@@ -525,7 +582,7 @@ def calibrate(
     amax = {t: r[method] for t, r in ranges.items()}
 
     qmodel, excluded, figs, guard_info, measured = _quantize(model, manifest, layers, amax, eval_dir, max_drop, min_agreement, progress,
-                                                   backend, target)
+                                                   backend, target, ev)
     quantized = [la.node for la in layers if la.node not in set(excluded)]
     if float_type == "fp16" and facts is not None and facts.fp16_dq_scales:
         # TensorRT 10/11 read float16 scales (opset 19): Q/DQ, scales and the quantized GEMMs are all float16, so a
