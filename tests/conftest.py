@@ -104,6 +104,17 @@ def digits_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def digits_val10(digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """10 images per class of the digits val split: a labeled ImageFolder small enough for many runs (read-only)."""
+    root = tmp_path_factory.mktemp("val10")
+    for d in sorted((digits_folder / "val").iterdir()):
+        (root / d.name).mkdir()
+        for f in sorted(d.iterdir())[:10]:
+            shutil.copy(f, root / d.name / f.name)
+    return root
+
+
+@pytest.fixture(scope="session")
 def mixed_mode_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 3-class ImageFolder of real digit scans saved in every PIL mode, at various sizes."""
     from vitdeploy.model.data import digits_images

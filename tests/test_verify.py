@@ -24,15 +24,10 @@ cli = CliRunner()
 KEYS = {"artifact", "top1", "agreement", "max_abs_diff", "mean_abs_diff", "max_abs_logit", "cosine"}
 
 
-@pytest.fixture(scope="module")
-def small_val(digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """10 images per class of the digits val split: an ImageFolder small enough for many runs."""
-    root = tmp_path_factory.mktemp("val10")
-    for d in sorted((digits_folder / "val").iterdir()):
-        (root / d.name).mkdir()
-        for f in sorted(d.iterdir())[:10]:
-            shutil.copy(f, root / d.name / f.name)
-    return root
+@pytest.fixture
+def small_val(digits_val10: Path) -> Path:
+    """10 images per class of the digits val split (tests/conftest.py)."""
+    return digits_val10
 
 
 def make_ckpt(path: Path, num_classes: int, image_size: int = 32) -> Path:
