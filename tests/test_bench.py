@@ -20,15 +20,9 @@ ROW_KEYS = {"artifact", "backend", "precision", "batch", "iterations", "throughp
 
 
 @pytest.fixture(scope="module")
-def digits_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A random-weight vit-digits checkpoint and its ONNX: speed needs no training."""
-    from vitdeploy.tools.bench import _pipeline, _random_checkpoint
-
-    export_onnx = _pipeline()[0]
-    d = tmp_path_factory.mktemp("bench_models")
-    ckpt = _random_checkpoint("vit-digits", d, seed=0)
-    onnx_path = Path(export_onnx(ckpt, out=d / "model.onnx", check=False).path)
-    return ckpt, onnx_path
+def digits_models(digits_ckpt: Path, digits_onnx: Path) -> tuple[Path, Path]:
+    """The session's vit-digits checkpoint and its ONNX (speed needs no training, but they are made anyway)."""
+    return digits_ckpt, digits_onnx
 
 
 def test_preset_benchmark_json(tmp_path: Path) -> None:
