@@ -58,8 +58,9 @@ def cached_folder(key: str, make: Callable[[Path], None]) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent run making the same entry: wait for it, do not make it twice
         if final.is_dir():
             return final
+        for stale in CACHE_ROOT.glob(f".{key}.*.tmp"):  # a killed run's half-made entry (the lock is ours now)
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = CACHE_ROOT / f".{key}.{os.getpid()}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
             make(tmp)
