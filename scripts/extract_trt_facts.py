@@ -59,9 +59,9 @@ DLA: dict[str, Any] = {
 # Python classes and enums whose members the table keeps (what vitdeploy's builder, runners and mock touch).
 KEEP_CLASSES = {"Builder", "IBuilderConfig", "INetworkDefinition", "OnnxParser", "ParserError", "Runtime", "ICudaEngine",
                 "IExecutionContext", "IOptimizationProfile", "ITimingCache", "ILayer", "ITensor", "ILogger", "Logger",
-                "Dims", "IHostMemory"}
+                "Dims", "IHostMemory", "IEngineInspector"}
 KEEP_ENUMS = {"BuilderFlag", "NetworkDefinitionCreationFlag", "DeviceType", "MemoryPoolType", "TensorIOMode",
-              "DataType", "ILogger.Severity", "LayerType"}
+              "DataType", "ILogger.Severity", "LayerType", "ProfilingVerbosity", "LayerInformationFormat"}
 # trtexec's option structs (sampleOptions.cpp): the safety/inference-task tools parse their own options elsewhere.
 TRTEXEC_STRUCTS = {"BaseModelOptions", "UffInput", "ModelOptions", "BuildOptions", "SystemOptions", "InferenceOptions",
                    "ReportingOptions", "AllOptions", "TuningOptions"}

@@ -289,6 +289,10 @@ API_USED: dict[str, Cond] = {
     "ILayer.name": _weak, "ILayer.precision": _weak, "ILayer.num_outputs": _weak, "ILayer.set_output_type": _weak,
     "LayerType.SOFTMAX": _weak, "LayerType.REDUCE": _weak, "module.float32": _weak,
     "BuilderFlag.OBEY_PRECISION_CONSTRAINTS": _weak,
+    # the precision receipt: detailed layer information, read back through the engine inspector (builder, run.py)
+    "IBuilderConfig.profiling_verbosity": _always, "ProfilingVerbosity.DETAILED": _always,
+    "ICudaEngine.create_engine_inspector": _always, "IEngineInspector.get_engine_information": _always,
+    "LayerInformationFormat.JSON": _always,
 }
 
 
