@@ -53,7 +53,7 @@ def bundle(
     prepared = None
     if models and len(models) == 1 and models[0].suffix in (".pth", ".pt"):
         # one command from a checkpoint: export, INT8 and FP16 beside it (reused while current), verify, pack
-        from vitdeploy.stages.bundle import prepare
+        from vitdeploy.stages.prepare import prepare
 
         with Progress(SpinnerColumn(), TextColumn("[bold]bundle[/] {task.description}"), TimeElapsedColumn(),
                       console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
@@ -95,7 +95,8 @@ def _receipt(prepared: object, result: object) -> None:
     """One table: artifact | target | top-1 | drop | agreement | size (what was made, reused and measured)."""
     from rich.table import Table
 
-    from vitdeploy.stages.bundle import BundleResult, Prepared
+    from vitdeploy.stages.bundle import BundleResult
+    from vitdeploy.stages.prepare import Prepared
 
     assert isinstance(prepared, Prepared) and isinstance(result, BundleResult)
     t = Table(title="receipt", title_justify="left")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,24 +27,29 @@ from vitdeploy.core.errors import IncompatibleArtifact, StaleArtifact, UsageErro
 from vitdeploy.core.fileio import TMP_TAG, temp_dir_beside
 from vitdeploy.core.lineage import STALE, remake_command, source_link
 from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest, tool_versions
-from vitdeploy.core.naming import calib_cache_name
+from vitdeploy.core.naming import ONNX_NAMES, PRECISIONS, calib_cache_name
 from vitdeploy.core.preprocess import list_images, resized_uint8, to_array
 from vitdeploy.graph.embed import raw_batch
 from vitdeploy.runners.base import Runner
+from vitdeploy.stages.bundle_configs import (  # noqa: E402, F401 - the configuration files, re-exported
+    TEMPLATES,
+    _onnx_io,
+    cpp_config,
+    deepstream_config,
+    labels_file,
+    render,
+    triton_config,
+    triton_name,
+    write_cpp,
+)
 from vitdeploy.stages.embed import raw_variant_name, write_variant
 
 FORMAT = "vitdeploy-bundle/1"
-PRECISIONS = ("fp32", "fp16", "int8")
 MAX_REFERENCES = 1000  # reference images run.py --check compares: enough for any check, bounded in size and time
-ONNX_NAMES = {"fp32": "model.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}
 # run.py --check passes when max|Δlogit| ≤ tol · max|reference logit| (TensorRT FP32 may use TF32)
 CHECK_TOLERANCE = {"fp32": 1e-2, "fp16": 3e-2, "int8": 1e-1}
 # the raw-pixel variant must equal its source on ONNX Runtime here (issue: ≤ 1e-4 relative for FP32)
 EMBED_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3, "int8": 1e-4}
-DS_NETWORK_MODE = {"fp32": 0, "int8": 1, "fp16": 2}
-DS_SCALING_FILTER = {"nearest": 0, "bilinear": 1, "bicubic": 2}
-TEMPLATES = Path(__file__).with_name("bundle_files")
-ONNX_TO_TRITON = {1: "TYPE_FP32", 10: "TYPE_FP16", 2: "TYPE_UINT8", 3: "TYPE_INT8", 7: "TYPE_INT64", 6: "TYPE_INT32"}
 
 
 @dataclass
@@ -76,28 +80,6 @@ class BundleResult:
     # TensorRT line -> precision -> the ONNX build_engine.sh builds there (a no-target bundle: a variant where needed)
     matrix: dict[str, dict[str, str]] = field(default_factory=dict)
     reference_runner: dict[str, str] = field(default_factory=dict)
-
-
-def triton_name(name: str) -> str:
-    s = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")
-    return s or "vit"
-
-
-def _onnx_io(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Input and output of an onnx.ModelProto (or of the ONNX file at a path, read through its OnnxArtifact)."""
-    g = (OnnxArtifact.open(model).model if isinstance(model, (str, Path)) else model).graph
-    inits = {i.name for i in g.initializer}
-    (inp,) = [i for i in g.input if i.name not in inits]
-    out = g.output[0]
-
-    def desc(v: Any) -> dict[str, Any]:
-        dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else "?") for d in v.type.tensor_type.shape.dim]
-        return {"name": v.name, "elem_type": v.type.tensor_type.elem_type, "dims": dims}
-
-    return desc(inp), desc(out)
-
-
-# --- which models, and are they current? -------------------------------------------------------------------
 
 
 def resolve_models(
@@ -405,123 +387,6 @@ def _copy_hashed(src: Path, dst: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def labels_file(labels: Sequence[str]) -> str:
-    for lab in labels:
-        if "\n" in lab:
-            raise VitdeployError(f"label {lab!r} holds a line break; labels.txt has one label per line")
-    return "".join(f"{lab}\n" for lab in labels)
-
-
-def triton_config(name: str, onnx_model: Any, max_batch: int, opt_batch: int, platform: str = "onnxruntime_onnx") -> str:
-    """config.pbtxt in Triton's text format (``onnx_model``: a ModelProto or a path): shapes without the batch dim,
-    labels on the output."""
-    inp, out = _onnx_io(onnx_model)
-    layout = "FORMAT_NHWC" if inp["dims"][-1] == 3 else "FORMAT_NCHW"
-
-    def dims(d: list[Any]) -> str:
-        return ", ".join(str(v) for v in d[1:])
-
-    preferred = sorted({b for b in (opt_batch, max_batch) if 1 <= b <= max_batch})
-    return (
-        f'name: "{name}"\n'
-        f'platform: "{platform}"\n'
-        f"max_batch_size: {max_batch}\n"
-        "input [\n  {\n"
-        f'    name: "{inp["name"]}"\n    data_type: {ONNX_TO_TRITON[inp["elem_type"]]}\n'
-        f"    format: {layout}\n    dims: [ {dims(inp['dims'])} ]\n"
-        "  }\n]\n"
-        "output [\n  {\n"
-        f'    name: "{out["name"]}"\n    data_type: {ONNX_TO_TRITON[out["elem_type"]]}\n'
-        f"    dims: [ {dims(out['dims'])} ]\n"
-        '    label_filename: "labels.txt"\n'
-        "  }\n]\n"
-        "dynamic_batching {\n"
-        f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n"
-        "  max_queue_delay_microseconds: 500\n"
-        "}\n"
-    )
-
-
-def deepstream_config(manifest: Manifest, precision: str, batch: int, onnx_name: str, engine_name: str) -> str:
-    """An nvinfer classifier config for the float 0–255 NCHW variant: DeepStream only resizes."""
-    pp = manifest.pp()
-    h, w = pp.input_size
-    resize_note = (
-        "# resize: the model was trained on the whole image squashed to the input size (maintain-aspect-ratio=0)"
-        if pp.resize_mode == "squash" else
-        f"# resize: the model was trained with shorter-side resize and a centre crop ({pp.crop_pct}); nvinfer scales the\n"
-        "# whole frame/object instead: crop objects tightly (or add nvdspreprocess) to match."
-    )
-    return "\n".join([
-        "# nvinfer config written by `vitdeploy bundle`. Preprocessing (1/255, mean, std, layout) is inside",
-        "# the ONNX graph, so DeepStream hands over raw RGB pixels: net-scale-factor=1, offsets=0.",
-        "# Build the engine first with ../build_engine.sh --deepstream (else nvinfer builds it from onnx-file).",
-        resize_note,
-        "[property]",
-        "gpu-id=0",
-        "net-scale-factor=1.0",
-        "offsets=0;0;0",
-        f"model-color-format={1 if pp.channel_order == 'BGR' else 0}",
-        f"onnx-file={onnx_name}",
-        f"model-engine-file={engine_name}",
-        "labelfile-path=labels.txt",
-        f"batch-size={batch}",
-        f"# 0 FP32, 1 INT8, 2 FP16: this bundle's {precision} artifact",
-        f"network-mode={DS_NETWORK_MODE[precision]}",
-        "network-type=1",
-        "process-mode=1",
-        "gie-unique-id=1",
-        f"infer-dims=3;{h};{w}",
-        "network-input-order=0",
-        f"maintain-aspect-ratio={0 if pp.resize_mode == 'squash' else 1}",
-        f"scaling-filter={DS_SCALING_FILTER.get(pp.interpolation, 1)}",
-        "output-blob-names=probs",
-        "# the output is softmax probabilities; 0 keeps the top-1 label on every frame",
-        "classifier-threshold=0.0",
-        "",
-    ])
-
-
-def cpp_config(manifest: Manifest, default_model: str) -> str:
-    """cpp/bundle.cfg: the manifest facts the C++ example reads, as key=value lines (no JSON library there)."""
-    import PIL
-
-    pp = manifest.pp()
-    h, w = pp.input_size
-    # the pass order of the Pillow that made this bundle's reference inputs (Pillow 13 changed it; see vitclassify.h)
-    order = "pillow13" if int(PIL.__version__.split(".")[0]) >= 13 else "horizontal"
-    facts = {
-        "input_height": h, "input_width": w, "resize_mode": pp.resize_mode, "crop_pct": repr(float(pp.crop_pct)),
-        "interpolation": pp.interpolation, "resample_order": order, "channel_order": pp.channel_order,
-        "num_classes": manifest.num_classes, "labels": "../labels.txt",
-        "engine": "../" + str(Path(default_model).with_suffix(".engine")), "batch": 8, "top": 1,
-    }
-    return "".join([
-        "# Written by `vitdeploy bundle`: the facts the C++ library and example (cpp/) read, one key=value a line.\n",
-        "# The engine takes uint8 [batch, input_height, input_width, 3] RGB; scaling, mean/std, channel order and\n",
-        "# layout are inside its graph. resize_mode/crop_pct/interpolation: run.py's resize and centre crop;\n",
-        f"# resample_order: Pillow {PIL.__version__}'s order of the two resize passes (horizontal: Pillow <= 12).\n",
-        "# labels and engine are relative to this file; batch and top are run.py's --batch and --top defaults.\n",
-        *(f"{k}={v}\n" for k, v in facts.items()),
-    ])
-
-
-def write_cpp(root: Path, manifest: Manifest, default_model: str) -> None:
-    """cpp/: the C++ library and `classify` example (bundle_files/cpp) and the bundle.cfg they read."""
-    shutil.copytree(TEMPLATES / "cpp", root / "cpp", ignore=shutil.ignore_patterns("build", "__pycache__"))
-    (root / "cpp" / "bundle.cfg").write_text(cpp_config(manifest, default_model))
-
-
-def _render(template: str, values: dict[str, Any]) -> str:
-    text = (TEMPLATES / template).read_text()
-    for k, v in values.items():
-        text = text.replace(f"@@{k}@@", str(v))
-    left = re.findall(r"@@[A-Z_]+@@", text)
-    if left:
-        raise RuntimeError(f"{template}: unfilled placeholders {left}")
-    return text
-
-
 def is_bundle(folder: Path) -> bool:
     """Whether ``folder`` is a bundle vitdeploy wrote (its manifest.json has a bundle section): --force replaces
     nothing else."""
@@ -731,10 +596,10 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     shutil.copyfile(TEMPLATES / "run.py", root / "run.py")
     # the engine inspector's parser (stdlib only), so run.py --check prints the engine's precision receipt on the device
     shutil.copyfile(Path(__file__).resolve().parents[1] / "runners" / "tensorrt" / "inspector.py", root / "receipt.py")
-    (root / "build_engine.sh").write_text(_render("build_engine.sh", values))
+    (root / "build_engine.sh").write_text(render("build_engine.sh", values))
     (root / "build_engine.sh").chmod(0o755)
     (root / "run.py").chmod(0o755)
-    (root / "README.md").write_text(_render("README.md", {**values, "LABELS": ", ".join(base.labels[:5]) + (" …" if len(base.labels) > 5 else ""),
+    (root / "README.md").write_text(render("README.md", {**values, "LABELS": ", ".join(base.labels[:5]) + (" …" if len(base.labels) > 5 else ""),
                                                           "PP": json.dumps(base.preprocess),
                                                           "SUPPORT": support_table(matrix, precisions)}))
     shutil.rmtree(work)
@@ -906,113 +771,3 @@ def support_table(matrix: dict[str, dict[str, str]], precisions: Sequence[str]) 
     rows = [f"| {names.get(line, line)} | " + " | ".join(row.get(p, "—") for p in precisions) + " |"
             for line, row in matrix.items()]
     return head + "\n".join(rows) if rows else "(made for a CPU target: no TensorRT line)"
-
-
-# --- one command from a checkpoint to a verified bundle ------------------------------------------------------
-
-
-# The one-command path's INT8 budget: top-1 points lost against FP32 on the labeled images. Published W8A8 PTQ of ViTs
-# with LayerNorm/Softmax in float loses about 0.3 points (PTQ4ViT; shared/TENSORRT.md): over 1 point is below the state
-# of the art, so the guard keeps layers in float until the drop is within it.
-GUARD_MAX_DROP = 1.0
-
-
-@dataclass
-class Prepared:
-    """What ``prepare`` made or reused beside the checkpoint, and the receipt's rows."""
-
-    models: list[Path]
-    made: list[str]  # files written this run (the rest were current and reused)
-    rows: list[dict[str, Any]]  # artifact, target, top1, drop, agreement, size (bytes)
-    notes: list[str] = field(default_factory=list)
-
-
-def _current_for(path: Path, target: str | None) -> bool:
-    """``path`` exists, was made for ``target`` and its lineage is current (the source beside it unchanged)."""
-    if not path.exists():
-        return False
-    try:
-        m = OnnxArtifact.open(path).manifest
-    except VitdeployError:
-        return False
-    return m.target == target and source_link(path, m).status != STALE
-
-
-def prepare(ckpt: str | Path, images: str | Path | None, target: str | None = None, int8: bool = True,
-            fp16: bool = True, say: Callable[[str], None] | None = None) -> Prepared:
-    """The whole path from a checkpoint, beside it: export (parity on ``images``), INT8 (the accuracy guard on
-    ``images``' labeled sub-folders where it has them, else calibrated without a budget) and FP16, then verify on the
-    labeled images. An artifact already made for ``target`` from the current source is reused; only a missing or
-    stale one is made."""
-    from vitdeploy.core.targets import resolve_target
-    from vitdeploy.model.imageset import ImageSet
-
-    say = say or (lambda _m: None)
-    ckpt = Path(ckpt)
-    if not ckpt.is_file():
-        raise VitdeployError(f"{ckpt}: no such checkpoint")
-    facts = resolve_target(target)
-    target = facts.name if facts is not None else None
-    folder = ckpt.parent
-    fp32, q8, h16 = folder / ONNX_NAMES["fp32"], folder / ONNX_NAMES["int8"], folder / ONNX_NAMES["fp16"]
-    made: list[str] = []
-    notes: list[str] = []
-    if images is not None and not Path(images).is_dir():
-        raise UsageError(f"--images {images}: no such folder of images")
-    if not _current_for(fp32, target):
-        from vitdeploy.stages.export import export_onnx
-
-        say("exporting (parity on the images)")
-        export_onnx(ckpt, fp32, check=True, images=images, target=target)
-        made.append(fp32.name)
-    src = OnnxArtifact.open(fp32)
-    labeled = None
-    if images is not None:
-        ls = ImageSet.labeled(images, list(src.manifest.labels))
-        labeled = Path(ls.source) if ls.labels is not None else None
-    models = [fp32]
-    if int8:
-        if not _current_for(q8, target):
-            from vitdeploy.stages.precision import calibrate
-
-            calib = images  # None: calibrate's one rule (calibration/, else the digits for a digits model)
-            say("calibrating INT8" + (" with the accuracy guard" if labeled else ""))
-            budget: dict[str, Any] = {"eval_dir": labeled, "max_drop": GUARD_MAX_DROP} if labeled is not None else {}
-            if labeled is None:
-                notes.append("INT8 calibrated without an accuracy budget: --images has no labeled class sub-folders")
-            calibrate(fp32, calib, q8, target=target, **budget)
-            made.append(q8.name)
-        models.append(q8)
-    if fp16:
-        if not _current_for(h16, target):
-            from vitdeploy.stages.precision import convert_fp16
-
-            say("converting to FP16")
-            convert_fp16(fp32, h16, target=target)
-            made.append(h16.name)
-        models.append(h16)
-    rows = _receipt_rows(models, labeled, target, say)
-    if labeled is None:
-        notes.append("not verified on labels: --images has no labeled class sub-folders (top-1 and drop left blank)")
-    return Prepared(models, made, rows, notes)
-
-
-def _receipt_rows(models: list[Path], labeled: Path | None, target: str | None,
-                  say: Callable[[str], None]) -> list[dict[str, Any]]:
-    """artifact | target | top-1 | drop | agreement | size, measured by verify on the labeled images."""
-    rows: list[dict[str, Any]] = [{"artifact": p.name, "target": target or "any (no target)", "top1": None, "drop": None,
-             "agreement": None, "size": p.stat().st_size} for p in models]
-    if labeled is None or len(models) < 2:
-        return rows
-    from vitdeploy.checks.verify import verify
-
-    say("verifying on the labeled images")
-    rep = verify(models[0], models[1:], labeled)
-    ref = rep.results[0]
-    for row, r in zip(rows, rep.results, strict=True):
-        row["top1"] = r.top1
-        row["agreement"] = None if r.is_reference else r.agreement
-        row["drop"] = None if r.is_reference or r.top1 is None or ref.top1 is None else (ref.top1 - r.top1) * 100
-        row["backend"] = r.backend
-        row["passed"] = r.passed
-    return rows

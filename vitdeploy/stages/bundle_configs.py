@@ -1,0 +1,158 @@
+"""The bundle's configuration files: Triton's config.pbtxt, DeepStream's nvinfer config, the C++ example's header,
+labels files, and the templates in bundle_files/ filled in."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from vitdeploy.core.artifact import OnnxArtifact
+from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.manifest import Manifest
+
+TEMPLATES = Path(__file__).with_name("bundle_files")
+DS_NETWORK_MODE = {"fp32": 0, "int8": 1, "fp16": 2}
+DS_SCALING_FILTER = {"nearest": 0, "bilinear": 1, "bicubic": 2}
+ONNX_TO_TRITON = {1: "TYPE_FP32", 10: "TYPE_FP16", 2: "TYPE_UINT8", 3: "TYPE_INT8", 7: "TYPE_INT64", 6: "TYPE_INT32"}
+
+
+def _onnx_io(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Input and output of an onnx.ModelProto (or of the ONNX file at a path, read through its OnnxArtifact)."""
+    g = (OnnxArtifact.open(model).model if isinstance(model, (str, Path)) else model).graph
+    inits = {i.name for i in g.initializer}
+    (inp,) = [i for i in g.input if i.name not in inits]
+    out = g.output[0]
+
+    def desc(v: Any) -> dict[str, Any]:
+        dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else "?") for d in v.type.tensor_type.shape.dim]
+        return {"name": v.name, "elem_type": v.type.tensor_type.elem_type, "dims": dims}
+
+    return desc(inp), desc(out)
+
+
+# --- which models, and are they current? -------------------------------------------------------------------
+
+
+def triton_name(name: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")
+    return s or "vit"
+
+
+def labels_file(labels: Sequence[str]) -> str:
+    for lab in labels:
+        if "\n" in lab:
+            raise VitdeployError(f"label {lab!r} holds a line break; labels.txt has one label per line")
+    return "".join(f"{lab}\n" for lab in labels)
+
+
+def triton_config(name: str, onnx_model: Any, max_batch: int, opt_batch: int, platform: str = "onnxruntime_onnx") -> str:
+    """config.pbtxt in Triton's text format (``onnx_model``: a ModelProto or a path): shapes without the batch dim,
+    labels on the output."""
+    inp, out = _onnx_io(onnx_model)
+    layout = "FORMAT_NHWC" if inp["dims"][-1] == 3 else "FORMAT_NCHW"
+
+    def dims(d: list[Any]) -> str:
+        return ", ".join(str(v) for v in d[1:])
+
+    preferred = sorted({b for b in (opt_batch, max_batch) if 1 <= b <= max_batch})
+    return (
+        f'name: "{name}"\n'
+        f'platform: "{platform}"\n'
+        f"max_batch_size: {max_batch}\n"
+        "input [\n  {\n"
+        f'    name: "{inp["name"]}"\n    data_type: {ONNX_TO_TRITON[inp["elem_type"]]}\n'
+        f"    format: {layout}\n    dims: [ {dims(inp['dims'])} ]\n"
+        "  }\n]\n"
+        "output [\n  {\n"
+        f'    name: "{out["name"]}"\n    data_type: {ONNX_TO_TRITON[out["elem_type"]]}\n'
+        f"    dims: [ {dims(out['dims'])} ]\n"
+        '    label_filename: "labels.txt"\n'
+        "  }\n]\n"
+        "dynamic_batching {\n"
+        f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n"
+        "  max_queue_delay_microseconds: 500\n"
+        "}\n"
+    )
+
+
+def deepstream_config(manifest: Manifest, precision: str, batch: int, onnx_name: str, engine_name: str) -> str:
+    """An nvinfer classifier config for the float 0–255 NCHW variant: DeepStream only resizes."""
+    pp = manifest.pp()
+    h, w = pp.input_size
+    resize_note = (
+        "# resize: the model was trained on the whole image squashed to the input size (maintain-aspect-ratio=0)"
+        if pp.resize_mode == "squash" else
+        f"# resize: the model was trained with shorter-side resize and a centre crop ({pp.crop_pct}); nvinfer scales the\n"
+        "# whole frame/object instead: crop objects tightly (or add nvdspreprocess) to match."
+    )
+    return "\n".join([
+        "# nvinfer config written by `vitdeploy bundle`. Preprocessing (1/255, mean, std, layout) is inside",
+        "# the ONNX graph, so DeepStream hands over raw RGB pixels: net-scale-factor=1, offsets=0.",
+        "# Build the engine first with ../build_engine.sh --deepstream (else nvinfer builds it from onnx-file).",
+        resize_note,
+        "[property]",
+        "gpu-id=0",
+        "net-scale-factor=1.0",
+        "offsets=0;0;0",
+        f"model-color-format={1 if pp.channel_order == 'BGR' else 0}",
+        f"onnx-file={onnx_name}",
+        f"model-engine-file={engine_name}",
+        "labelfile-path=labels.txt",
+        f"batch-size={batch}",
+        f"# 0 FP32, 1 INT8, 2 FP16: this bundle's {precision} artifact",
+        f"network-mode={DS_NETWORK_MODE[precision]}",
+        "network-type=1",
+        "process-mode=1",
+        "gie-unique-id=1",
+        f"infer-dims=3;{h};{w}",
+        "network-input-order=0",
+        f"maintain-aspect-ratio={0 if pp.resize_mode == 'squash' else 1}",
+        f"scaling-filter={DS_SCALING_FILTER.get(pp.interpolation, 1)}",
+        "output-blob-names=probs",
+        "# the output is softmax probabilities; 0 keeps the top-1 label on every frame",
+        "classifier-threshold=0.0",
+        "",
+    ])
+
+
+def cpp_config(manifest: Manifest, default_model: str) -> str:
+    """cpp/bundle.cfg: the manifest facts the C++ example reads, as key=value lines (no JSON library there)."""
+    import PIL
+
+    pp = manifest.pp()
+    h, w = pp.input_size
+    # the pass order of the Pillow that made this bundle's reference inputs (Pillow 13 changed it; see vitclassify.h)
+    order = "pillow13" if int(PIL.__version__.split(".")[0]) >= 13 else "horizontal"
+    facts = {
+        "input_height": h, "input_width": w, "resize_mode": pp.resize_mode, "crop_pct": repr(float(pp.crop_pct)),
+        "interpolation": pp.interpolation, "resample_order": order, "channel_order": pp.channel_order,
+        "num_classes": manifest.num_classes, "labels": "../labels.txt",
+        "engine": "../" + str(Path(default_model).with_suffix(".engine")), "batch": 8, "top": 1,
+    }
+    return "".join([
+        "# Written by `vitdeploy bundle`: the facts the C++ library and example (cpp/) read, one key=value a line.\n",
+        "# The engine takes uint8 [batch, input_height, input_width, 3] RGB; scaling, mean/std, channel order and\n",
+        "# layout are inside its graph. resize_mode/crop_pct/interpolation: run.py's resize and centre crop;\n",
+        f"# resample_order: Pillow {PIL.__version__}'s order of the two resize passes (horizontal: Pillow <= 12).\n",
+        "# labels and engine are relative to this file; batch and top are run.py's --batch and --top defaults.\n",
+        *(f"{k}={v}\n" for k, v in facts.items()),
+    ])
+
+
+def write_cpp(root: Path, manifest: Manifest, default_model: str) -> None:
+    """cpp/: the C++ library and `classify` example (bundle_files/cpp) and the bundle.cfg they read."""
+    shutil.copytree(TEMPLATES / "cpp", root / "cpp", ignore=shutil.ignore_patterns("build", "__pycache__"))
+    (root / "cpp" / "bundle.cfg").write_text(cpp_config(manifest, default_model))
+
+
+def render(template: str, values: dict[str, Any]) -> str:
+    text = (TEMPLATES / template).read_text()
+    for k, v in values.items():
+        text = text.replace(f"@@{k}@@", str(v))
+    left = re.findall(r"@@[A-Z_]+@@", text)
+    if left:
+        raise RuntimeError(f"{template}: unfilled placeholders {left}")
+    return text
