@@ -20,6 +20,7 @@ from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.fileio import atomic_path, printable_name, strict_json
 from vitdeploy.core.images import iter_batches
 from vitdeploy.core.manifest import ENGINE_SUFFIXES
+from vitdeploy.core.naming import precision_from_name
 from vitdeploy.core.preprocess import gather_images  # noqa: F401 (gather_images: the CLI's)
 from vitdeploy.runners import BACKENDS, artifact_kind, open_runner
 
@@ -70,14 +71,6 @@ class InferResult:
 # --- which model --------------------------------------------------------------------------------
 
 
-def _precision_from_name(p: Path) -> str:
-    parts = p.name.lower().split(".")
-    for prec in ("int8", "fp16", "fp32"):
-        if prec in parts:
-            return prec
-    return "fp32"
-
-
 def tensorrt_missing() -> str | None:
     """Why TensorRT cannot be used here (a type-stubs-only ``tensorrt`` folder counts as missing), or None."""
     from vitdeploy.runners.tensorrt.versions import import_tensorrt
@@ -125,10 +118,10 @@ def candidate_models(folder: str | Path = ".", backend: str = "auto") -> list[Pa
     out: list[Path] = []
     if backend in ("auto", "tensorrt") and (backend == "tensorrt" or tensorrt_usable()):
         engines = [p for s in ENGINE_SUFFIXES for p in visible(f"*{s}")]
-        out += sorted(newest_first(engines), key=lambda p: PRECISION_RANK[_precision_from_name(p)])
+        out += sorted(newest_first(engines), key=lambda p: PRECISION_RANK[precision_from_name(p)])
     if backend in ("auto", "onnxruntime", "openvino"):
         order = PRECISION_RANK if onnx_gpu_usable() else {"int8": 0, "fp32": 1, "fp16": 2}
-        out += sorted(newest_first(visible("*.onnx")), key=lambda p: order[_precision_from_name(p)])
+        out += sorted(newest_first(visible("*.onnx")), key=lambda p: order[precision_from_name(p)])
     if backend in ("auto", "torch"):
         ckpts = newest_first(visible("*.pth") + visible("*.pt"))
         out += sorted(ckpts, key=lambda p: p.name != "ckpt.pth")
