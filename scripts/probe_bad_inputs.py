@@ -388,7 +388,13 @@ def _run(argv: list[str], root: Path, env: dict[str, str], p: Probe, timeout: fl
         subprocess.CompletedProcess[str], float]:
     """Run one probe's command; with ``signal_after``, signal it that long after its workers started (Ctrl-C, a
     kill) and return how long it took to end after the signal."""
-    pre = (lambda: os.umask(p.umask)) if p.umask is not None else None  # noqa: E731
+    def pre() -> None:
+        # Ctrl-C must reach the command: a probe started in the background (nohup ... &) has SIGINT ignored, and a
+        # child inherits that (Python then installs no KeyboardInterrupt handler)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if p.umask is not None:
+            os.umask(p.umask)
+
     proc = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             errors="backslashreplace", preexec_fn=pre)
     took = 0.0
