@@ -200,6 +200,10 @@ def _check_out(out: Path, init: str | Path | None = None) -> None:
     check_output(out, [init], option="-o")
 
 
+class PartialNotWritten(Exception):
+    """The best epoch could not be saved (a full disk): the run stops and leaves nothing behind."""
+
+
 def keep_earlier_partial(out: Path, resume: str | Path | None) -> Path | None:
     """An earlier interrupted run's best (``<out>.partial``) that this run would overwrite at its first epoch:
     moved aside to ``<out>.partial.N`` and returned (None when there is none, or this run resumes from it)."""
@@ -665,12 +669,16 @@ def _train(
                     "precision": precision,
                 }
                 if d.main:
-                    save_checkpoint(  # copies the plain module's weights to the CPU; the model stays where it is
-                        partial,
-                        model,
-                        manifest,
-                        {"optimizer": opt.state_dict(), "epoch": epoch, "best_val_accuracy": acc},
-                    )
+                    try:
+                        save_checkpoint(  # copies the plain module's weights to the CPU; the model stays where it is
+                            partial,
+                            model,
+                            manifest,
+                            {"optimizer": opt.state_dict(), "epoch": epoch, "best_val_accuracy": acc},
+                        )
+                    except (OSError, RuntimeError) as e:  # a full disk: torch's zip writer raises RuntimeError
+                        raise PartialNotWritten(str(e).strip().splitlines()[0][:120] if str(e).strip() else
+                                                type(e).__name__) from None
                 saved = True
             if progress:
                 progress("epoch", {"epoch": epoch, "loss": loss_sum / max(1.0, seen_f), "val_accuracy": acc, "best": best_acc})
@@ -684,14 +692,10 @@ def _train(
                 exit_code=130,
             ) from None
         raise VitdeployError(f"interrupted before an epoch ended: {out} is unchanged", exit_code=130) from None
-    except OSError as e:
-        import errno
-
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            raise
+    except PartialNotWritten as e:
         if d.main:  # a full disk: this run's partial best goes too, so the failed command leaves nothing behind
             partial.unlink(missing_ok=True)
-        raise VitdeployError(f"could not write {partial}: {e.strerror}; nothing written, {out} is unchanged: "
+        raise VitdeployError(f"could not write {partial} ({e}); nothing written, {out} is unchanged: "
                              "free some space and run again") from None
     if d.main and saved:
         os.replace(partial, out)
