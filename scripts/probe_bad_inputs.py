@@ -471,8 +471,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, help="keep the scratch folder here")
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="seconds a probe may run; one still running then took the bad input (e.g. trained)")
+    ap.add_argument("--only", action="append", default=[], metavar="TEXT",
+                    help="only the probes whose command or input words contain TEXT (repeatable)")
     a = ap.parse_args(argv)
-    chosen = [p for p in probes() if not (a.fast and p.slow)]
+    chosen = [p for p in probes() if not (a.fast and p.slow)
+              and (not a.only or any(t in f"{p.args[0]} {p.what}" for t in a.only))]
     with tempfile.TemporaryDirectory(prefix="vitdeploy-probe-") as tmp:
         root = (Path(a.keep) if a.keep else Path(tmp)) / "work"
         root.mkdir(parents=True)
