@@ -232,7 +232,7 @@ CHECKS: dict[str, Callable[[Path, subprocess.CompletedProcess[str], float], str 
                                         if (w := _workers(r)) else None),
     "full_empty": lambda r, p, t: (f"left {', '.join(sorted(f.name for f in (r / 'full').iterdir()))[:40]}"
                                    if any((r / "full").iterdir()) else None),
-    "says_legacy": lambda r, p, t: None if "legacy" in p.stderr else "not named a legacy torch.save file",
+    "says_legacy": lambda r, p, t: None if "legacy torch.save" in p.stderr else "not named a legacy torch.save file",
 }
 EARLIER = b"the best epoch of an earlier, interrupted run"
 
@@ -342,7 +342,7 @@ def prepare(root: Path, what: str | None) -> None:
         if size == "ckpt":  # room for one checkpoint, not two: the second epoch's partial fills it
             size = str(int((root / "ckpt.pth").stat().st_size * 1.5))
         elif size == "map":  # room for about one attention map
-            size = "160k"
+            size = "40k"
         (root / "full").mkdir(exist_ok=True)
         subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(root / "full")], check=True)
 
