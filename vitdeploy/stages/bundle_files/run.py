@@ -241,11 +241,18 @@ class TrtModel:
 
     def receipt(self) -> dict:
         """The engine's precision receipt (receipt.py beside this script: vitdeploy's inspector parser), or why not."""
-        try:
-            sys.path.insert(0, str(HERE))
-            from receipt import receipt_from_json  # type: ignore[import-not-found]
-        except ImportError:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("vitdeploy_bundle_receipt", HERE / "receipt.py")
+        if spec is None or spec.loader is None or not (HERE / "receipt.py").is_file():
             return {"status": "unknown", "reason": "no receipt.py in this bundle"}
+        mod = importlib.util.module_from_spec(spec)  # loaded by path: sys.path is left alone (the bundle has triton/)
+        try:
+            sys.modules[spec.name] = mod  # dataclasses look their module up there
+            spec.loader.exec_module(mod)
+            receipt_from_json = mod.receipt_from_json
+        except Exception as e:  # noqa: BLE001 - a damaged receipt.py: unknown, said why
+            return {"status": "unknown", "reason": f"receipt.py cannot be loaded ({type(e).__name__})"}
         try:
             info = self.engine.create_engine_inspector().get_engine_information(self.trt.LayerInformationFormat.JSON)
             return receipt_from_json(str(info)).to_dict()
