@@ -59,8 +59,8 @@ def test_loose_images_are_unlabeled(tmp_path: Path) -> None:
 
 def test_guard_and_verify_read_folders_alike(tmp_path: Path) -> None:
     from vitdeploy.checks.guard import load_eval_set
-    from vitdeploy.checks.verify import _image_set
     from vitdeploy.core.manifest import Manifest
+    from vitdeploy.model.imageset import ImageSet
     from vitdeploy.core.preprocess import Preprocess
 
     pp = Preprocess(input_size=(32, 32), resize_mode="squash", interpolation="bilinear")
@@ -68,9 +68,9 @@ def test_guard_and_verify_read_folders_alike(tmp_path: Path) -> None:
     root = _folder(tmp_path / "d", {"3": 2, "7": 1})
     ev = load_eval_set(root, m)
     assert ev.y.tolist() == [3, 3, 7] and ev.x.shape == (3, 3, 32, 32)
-    assert _image_set(root, m)[1] == [3, 3, 7]
+    assert ImageSet.labeled(root, m.labels).labels == [3, 3, 7]  # what verify reads
     _folder(tmp_path / "d2", {"3": 1, "dog": 1})
-    assert _image_set(tmp_path / "d2", m)[1] is None
+    assert ImageSet.labeled(tmp_path / "d2", m.labels).labels is None
     with pytest.raises(VitdeployError, match="dog"):
         load_eval_set(tmp_path / "d2", m)
 

@@ -167,7 +167,7 @@ def test_calibrate_guard_evaluates_on_openvino(work: Path, digits_folder: Path, 
     g = res.manifest.extra["guard"]
     assert g["backend"] == "openvino" and g["met"] and g["after"]["images"] > 300
     assert g["after"]["drop_points"] <= 1.0
-    with pytest.raises(VitdeployError, match="onnxruntime or openvino"):
+    with pytest.raises(VitdeployError, match="onnxruntime, openvino or oracle"):
         calibrate(work / "model.onnx", CALIB, tmp_path / "h.int8.onnx", eval_dir=digits_folder, backend="tensorrt")
 
 

@@ -108,7 +108,7 @@ def test_explain_compare_refuses_a_model_of_other_classes(work: Path, digits_ckp
     export_onnx(digits_ckpt, other, check=False, labels=names)
     try:
         r = vitdeploy("explain", "img/a.png", "--model", "model.onnx", "--compare", "other.onnx", "-o", "maps", cwd=work)
-        assert r.returncode == 2 and "class 0 is 'digit 0'" in r.stderr, r.stderr
+        assert r.returncode == 2 and "names class 0 'digit 0'" in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and not (work / "maps").exists()
     finally:
         other.unlink()
