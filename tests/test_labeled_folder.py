@@ -60,8 +60,8 @@ def test_loose_images_are_unlabeled(tmp_path: Path) -> None:
 def test_guard_and_verify_read_folders_alike(tmp_path: Path) -> None:
     from vitdeploy.checks.guard import load_eval_set
     from vitdeploy.core.manifest import Manifest
-    from vitdeploy.model.imageset import ImageSet
     from vitdeploy.core.preprocess import Preprocess
+    from vitdeploy.model.imageset import ImageSet
 
     pp = Preprocess(input_size=(32, 32), resize_mode="squash", interpolation="bilinear")
     m = Manifest(model={"num_classes": 10, "image_size": [32, 32]}, labels=list(DIGITS_LABELS), preprocess=pp.to_dict())
