@@ -11,13 +11,13 @@ cannot start. They prove nothing about TensorRT itself.
 
 from __future__ import annotations
 
-import ctypes
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from helpers import FakeHostCuda
 from trt_mock import NULLPTR, fake_tensorrt, releases
 
 from vitdeploy.core.errors import CudaUnavailable, UsageError, VitdeployError
@@ -49,55 +49,6 @@ def write_linear_onnx(path: Path, precision: str = "fp32", seed: int = 0) -> Pat
                                       name="tiny-linear", precision=precision))
     onnx.save(model, str(path))
     return path
-
-
-class FakeHostCuda:
-    """libcudart stand-in: "device" memory is host memory; copies are memmove; streams do nothing."""
-
-    def __init__(self, cc: tuple[int, int] = (8, 7)) -> None:
-        self.cc = cc
-        self.blocks: dict[int, Any] = {}
-        self.copies = 0
-
-    def _alloc(self, n: int) -> int:
-        buf = ctypes.create_string_buffer(max(int(n), 1))
-        self.blocks[ctypes.addressof(buf)] = buf
-        return ctypes.addressof(buf)
-
-    malloc = malloc_host = _alloc
-
-    def free(self, p: int) -> None:
-        self.blocks.pop(p)
-
-    free_host = free
-
-    def memcpy_async(self, dst: int, src: int, n: int, kind: int, stream: int) -> None:
-        self.copies += 1
-        ctypes.memmove(dst, src, n)
-
-    def device_count(self) -> int:
-        return 1
-
-    def set_device(self, d: int) -> None:
-        pass
-
-    def compute_capability(self, d: int = 0) -> tuple[int, int]:
-        return self.cc
-
-    def device_name(self, d: int = 0) -> str:
-        return "Fake Orin"
-
-    def runtime_version(self) -> str:
-        return "12.6"
-
-    def stream_create(self) -> int:
-        return 1234
-
-    def stream_synchronize(self, s: int) -> None:
-        pass
-
-    def stream_destroy(self, s: int) -> None:
-        pass
 
 
 @pytest.fixture
