@@ -487,6 +487,10 @@ def test_target_errors_are_one_line(made: Any, digits_ckpt: Path, tmp_path: Path
         bundle([made(None)["fp32"]], tmp_path / "b", BundleOptions(target="trt8.5"))
     assert "made for no target (the default), the bundle is for trt8.5" in str(e.value)
     assert "vitdeploy export" in str(e.value) and "--target trt8.5" in str(e.value) and "\n" not in str(e.value)
+    assert str(e.value).startswith("model.onnx was made for")  # the file named as the user knows it
+    # a model made for no target that passes the target as it is (FP32 for TensorRT 10) is packed, not re-exported
+    res = bundle([made(None)["fp32"]], tmp_path / "b10", BundleOptions(target="jetpack6.1", references=4))
+    assert any("passes trt10 as it is" in n for n in res.notes), res.notes
 
 
 @pytest.mark.parametrize(("version", "target", "kind"), [("8.5.2.2", "trt8.5", "fp16"), ("10.3.0", "trt10", "int8")])

@@ -271,20 +271,32 @@ def check_same_model(manifests: dict[str, Manifest]) -> None:
             raise IncompatibleArtifact(f"the {p0} and {p} models differ in their {what}: bundle artifacts of one model")
 
 
-def check_target(target: str | None, manifests: dict[Path, Manifest]) -> str | None:
-    """The bundle's target: ``target`` when every model was made for it (else one line naming the model, its
-    target and the command that re-makes it); without ``target``, the models' own, which must agree."""
-    from vitdeploy.core.targets import resolve_target
+def check_target(target: str | None, manifests: dict[Path, Manifest], models: dict[Path, Any] | None = None,
+                 notes: list[str] | None = None) -> str | None:
+    """The bundle's target: ``target`` when every model was made for it, or passes that target's check as it is
+    (``models``: the graphs, checked with check-target's rules; then it is packed without a re-export, and a note says
+    so); else one line naming the model, its target and the command that re-makes it. Without ``target``, the
+    models' own, which must agree."""
+    from vitdeploy.core.targets import TARGET_ROWS, resolve_target
     from vitdeploy.stages.engine import remake_command
 
     facts = resolve_target(target)  # a TensorRT line, ort, or a JetPack/module: the line it stands for
     if facts is not None:
         target = facts.name
         for path, m in manifests.items():
-            if m.target != target:
-                made_for = m.target or "no target (the default)"
-                raise VitdeployError(f"{path} was made for {made_for}, the bundle is for {target}: re-make it with "
-                                     f"`{remake_command(path, m, target)}`")
+            if m.target == target:
+                continue
+            model = (models or {}).get(path)
+            if model is not None and m.target is None and target in TARGET_ROWS:
+                from vitdeploy.checks import conformance
+
+                if conformance.check_onnx(model, target).ok and conformance.check_int8_intent(model, target).ok:
+                    if notes is not None:
+                        notes.append(f"{path.name} (made for no target) passes {target} as it is: packed unchanged")
+                    continue
+            made_for = m.target or "no target (the default)"
+            raise VitdeployError(f"{path.name} was made for {made_for}, the bundle is for {target}: re-make it with "
+                                 f"`{remake_command(path, m, target)}`")
         return target
     found = {m.target for m in manifests.values()}
     if len(found) > 1:
@@ -464,7 +476,8 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     found, arts, exported = resolve_models(models, work, cwd, opts.remake, notes, calib_dir)
     manifests = {prec: a.manifest for prec, a in arts.items()}
     check_same_model({str(found[k]): m for k, m in manifests.items()})
-    target = check_target(opts.target, {found[k]: m for k, m in manifests.items()})
+    target = check_target(opts.target, {found[k]: m for k, m in manifests.items()},
+                          {found[k]: a.model for k, a in arts.items()}, notes)
     precisions = [p for p in PRECISIONS if p in found]
     default = opts.precision or next(p for p in ("int8", "fp16", "fp32") if p in found)
     if default not in found:
