@@ -72,13 +72,6 @@ def runner_factory(backend: str = "onnxruntime", manifest: Manifest | None = Non
     return make
 
 
-def session(model: Any, threads: int | None = None) -> Any:
-    """An ONNX Runtime CPU session for a ModelProto or a path (runners.onnxruntime's loader)."""
-    from vitdeploy.runners.onnxruntime import session as ort_session
-
-    return ort_session(model, threads)
-
-
 def logits(model: Any, x: np.ndarray, batch_size: int = 64, backend: str = "onnxruntime",
            factory: RunnerFactory | None = None) -> np.ndarray:
     """The model's logits on x, on the guard's backend (a ``factory``, or one made for ``backend``)."""

@@ -278,7 +278,6 @@ def check_target(target: str | None, manifests: dict[Path, Manifest], models: di
     so); else one line naming the model, its target and the command that re-makes it. Without ``target``, the
     models' own, which must agree."""
     from vitdeploy.core.targets import TARGET_ROWS, resolve_target
-    from vitdeploy.stages.engine import remake_command
 
     facts = resolve_target(target)  # a TensorRT line, ort, or a JetPack/module: the line it stands for
     if facts is not None:

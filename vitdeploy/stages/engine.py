@@ -19,7 +19,7 @@ from typing import Any
 from vitdeploy.checks.compare import artifact_agreement
 from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import OpsetTooNew, PartlyDone, StaleArtifact, TargetMismatch, UsageError, VitdeployError
-from vitdeploy.core.lineage import is_stale
+from vitdeploy.core.lineage import is_stale, remake_command
 from vitdeploy.core.manifest import Manifest
 from vitdeploy.core.preprocess import list_images
 from vitdeploy.core.targets import CPU_TARGETS, resolve_target, target_of_version
@@ -30,7 +30,6 @@ from vitdeploy.runners.tensorrt.probe import TensorRTEnv as TensorRTEnv  # re-ex
 from vitdeploy.runners.tensorrt.probe import probe
 from vitdeploy.runners.tensorrt.versions import (
     ArtifactPlan,
-    base_stem,
     make_profile,
     network_plan,
     opset_problem,
@@ -222,18 +221,6 @@ def make_artifact(plan: ArtifactPlan, source: OnnxArtifact, calib: Path, emit: E
                      if images is not None else None)
     emit("artifact-done", made)
     return made, art
-
-
-def remake_command(model: Path, manifest: Manifest, target: str) -> str:
-    """The command that re-makes ``model`` for ``target`` (export for FP32, convert-fp16 / calibrate for the others)."""
-    fp32 = model.parent / f"{base_stem(model)}.onnx"
-    if manifest.precision == "fp16":
-        return f"vitdeploy convert-fp16 {fp32} --target {target}"
-    if manifest.precision == "int8":
-        return f"vitdeploy calibrate {fp32} --target {target}"
-    src = manifest.source or {}
-    ckpt = src.get("path") if src.get("kind") == "checkpoint" and src.get("path") else "CHECKPOINT"
-    return f"vitdeploy export {ckpt} --target {target} -o {model}"
 
 
 def target_mismatch(model: Path, manifest: Manifest, trt_version: str) -> None:

@@ -240,8 +240,8 @@ def _collect_ranges(
     batch_size: int,
     progress: Progress | None,
 ) -> tuple[dict[str, dict[str, float]], int, list[tuple[str, str]]]:
-    from vitdeploy.checks.guard import session
     from vitdeploy.graph.quantize import RangeCollector, with_outputs
+    from vitdeploy.runners.onnxruntime import session
 
     sess = session(with_outputs(model, tensors))
     name = sess.get_inputs()[0].name
