@@ -32,7 +32,8 @@ app = typer.Typer(
 # Not a terminal (a log, a pipe, CI): wide enough that tables keep artifact names on one line.
 # markup off: messages carry file names, and "[x].png" must print as written; styled text is passed as rich.Text
 console = Console(markup=False) if sys.stdout.isatty() else Console(width=160, markup=False)
-err_console = Console(stderr=True, markup=False)
+# soft_wrap: a message is one line however long its file name; a log or a pipe must not split a path in two
+err_console = Console(stderr=True, markup=False, soft_wrap=True)
 _state = {"debug": False}
 
 
