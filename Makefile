@@ -23,8 +23,11 @@ $(BIN)/.installed-$(EXTRA): pyproject.toml constraints-cpu.txt
 
 install: $(BIN)/.installed-$(EXTRA)
 
+# One pytest worker per core (pytest-xdist; tests/conftest.py pins each worker to its share of the cores). The work
+# is handed out test by test (worksteal), so the long tests do not queue behind one worker. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 test: $(BIN)/.installed-$(EXTRA)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 0 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 
 # Linters are not tests: the suite stays about behaviour. scripts/lint_checks.py adds mypy over the TensorRT modules
 # against tensorrt-stubs and the proofs that mypy and both import contracts can fail.

@@ -1,76 +1,44 @@
 """Shared fixtures: real images (scikit-learn digits, scikit-image photos) written by the tests, and the digits
 model's artifacts (checkpoint, fp32/fp16/int8 ONNX, bundle), each made once per session.
 
-The checkpoint and the ONNX artifacts are also cached across runs under ``.cache/test-artifacts/`` (gitignored), in
-a folder named by a hash of the source code that makes them, so a code change re-makes them and a fresh clone makes
-them once. Session artifacts are shared: a test that writes into their folder or changes a file must work on a copy
+The checkpoint and the ONNX artifacts are also cached across runs (``tests/artifact_cache.py``: under
+``.cache/test-artifacts/``, gitignored, in a folder named by a hash of the source code that makes them), so a code
+change re-makes them and a fresh clone makes them once. Session artifacts are shared: a test that writes into their folder or changes a file must work on a copy
 (the ``copy_artifact`` fixture).
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
 import shutil
-from collections.abc import Callable, Iterable
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import artifact_cache
 import pytest
 from helpers import MODES, save_in_mode
 from PIL import Image
 
-os.environ.setdefault("OMP_NUM_THREADS", "2")
 
-REPO = Path(__file__).resolve().parents[1]
-CALIB = REPO / "calibration"  # the repository's default calibration images (digits scans)
-CACHE_ROOT = Path(os.environ.get("VITDEPLOY_TEST_CACHE", REPO / ".cache" / "test-artifacts"))
-# The shared digits checkpoint: what `vitdeploy train` does on the embedded set, few enough epochs to be quick, enough
-# for the accuracy tests (fp32/int8/fp16 agreement, guard budgets) to measure a trained model.
-DIGITS_TRAIN = {"epochs": 12, "seed": 0}
-KEEP_ENTRIES = 4  # cached entries kept per kind (ckpt, fp32, fp16, int8)
-# The shared INT8 artifact: calibrate's defaults on the repository's calibration/ folder.
-INT8_OPTIONS: dict[str, object] = {}
+def _share_the_cores() -> None:
+    """Under pytest-xdist (``make test`` runs ``-n auto``), give each worker its own share of the cores.
 
-
-def code_hash(patterns: Iterable[str], *extra: object) -> str:
-    """A short hash of the files under vitdeploy/ matching ``patterns`` plus ``extra``: the key of a cached artifact."""
-    h = hashlib.sha256()
-    for pattern in patterns:
-        for f in sorted((REPO / "vitdeploy").glob(pattern)):
-            h.update(str(f.relative_to(REPO)).encode())
-            h.update(f.read_bytes())
-    for e in extra:
-        h.update(repr(e).encode())
-    return h.hexdigest()[:16]
+    vitdeploy sizes its thread pools by the affinity mask (``core.host.available_cores``): without a share, every
+    worker and every command it starts would spin a pool as wide as the machine, and on CI's 2 cores two workers'
+    ONNX Runtime pools fight over the same cores. So worker i of n keeps cores i, i+n, ... (the commands it starts
+    inherit that), and OMP_NUM_THREADS, which torch reads when it is first imported, matches the share."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if worker.startswith("gw") and count > 1 and len(cores) >= count:
+        share = cores[int(worker[2:]) % count :: count]
+        os.sched_setaffinity(0, share)
+        os.environ["OMP_NUM_THREADS"] = str(len(share))
+    os.environ.setdefault("OMP_NUM_THREADS", str(min(len(cores) or 2, 2)))
 
 
-def cached_folder(key: str, make: Callable[[Path], None]) -> Path:
-    """``CACHE_ROOT/key``, made by ``make(folder)`` when missing.
-
-    ``make`` writes into a private folder that is renamed into place only when complete, so a killed run never
-    leaves a half-made entry; concurrent runs (several pytest processes on one checkout) wait on a lock file."""
-    final = CACHE_ROOT / key
-    if final.is_dir():
-        return final
-    CACHE_ROOT.mkdir(parents=True, exist_ok=True)
-    with open(CACHE_ROOT / f".{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent run making the same entry: wait for it, do not make it twice
-        if final.is_dir():
-            return final
-        for stale in CACHE_ROOT.glob(f".{key}.*.tmp"):  # a killed run's half-made entry (the lock is ours now)
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = CACHE_ROOT / f".{key}.{os.getpid()}.tmp"
-        tmp.mkdir()
-        try:
-            make(tmp)
-            tmp.rename(final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    kind = key.split("-")[0]  # keep the newest few entries of this kind: every code change makes a new one
-    for old in sorted(CACHE_ROOT.glob(f"{kind}-*"), key=lambda d: d.stat().st_mtime)[:-KEEP_ENTRIES]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+_share_the_cores()
 
 
 def session_copy(src: Path, tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
@@ -90,8 +58,6 @@ def copy_into(src: Path, dst_dir: Path) -> Path:
         if (src.parent / name).is_file():
             shutil.copy2(src.parent / name, dst_dir / name)
     return dst_dir / src.name
-
-
 
 
 @pytest.fixture(scope="session")
@@ -135,27 +101,10 @@ def mixed_mode_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _train_digits(folder: Path) -> None:
-    from vitdeploy.model.train import TrainOptions, train
-
-    train(None, TrainOptions(out=folder / "ckpt.pth", **DIGITS_TRAIN))  # type: ignore[arg-type]
-
-
-def _digits_key() -> str:
-    # what training reads: the model, its data and the preprocessing (not every core module, which change often)
-    return "ckpt-" + code_hash(["model/vit.py", "model/train.py", "model/data.py", "model/checkpoint.py", "core/preprocess.py"], DIGITS_TRAIN)
-
-
 @pytest.fixture(scope="session")
 def digits_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A digits ViT trained for a few epochs on the embedded set (shared by export/verify/precision tests)."""
-    return session_copy(cached_folder(_digits_key(), _train_digits), tmp_path_factory, "ckpt") / "ckpt.pth"
-
-
-def _onnx_key() -> str:
-    """The ONNX artifacts' key: all of vitdeploy's code and tables, the checkpoint's key, the calibration images."""
-    calib = sorted(f"{f.name}:{f.stat().st_size}" for f in CALIB.iterdir())
-    return code_hash(["**/*.py", "**/*.json"], _digits_key(), INT8_OPTIONS, calib)
+    return session_copy(artifact_cache.ckpt_entry(), tmp_path_factory, "ckpt") / "ckpt.pth"
 
 
 @pytest.fixture(scope="session")
@@ -164,9 +113,8 @@ def _models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("models")
 
 
-def _cached_onnx(kind: str, make: Callable[[Path], None], models: Path, names: tuple[str, ...]) -> Path:
-    """Copy the files ``names`` of the cached entry ``kind`` (made by ``make`` when missing) into ``models``."""
-    src = cached_folder(f"{kind}-{_onnx_key()}", make)
+def _copy_entry(src: Path, models: Path, names: tuple[str, ...]) -> Path:
+    """Copy the files ``names`` of the cached entry ``src`` into the session's ``models`` folder."""
     for name in names:
         shutil.copy2(src / name, models / name)
     return models / names[0]
@@ -175,40 +123,20 @@ def _cached_onnx(kind: str, make: Callable[[Path], None], models: Path, names: t
 @pytest.fixture(scope="session")
 def digits_onnx(digits_ckpt: Path, _models_dir: Path) -> Path:
     """The digits model's fp32 ONNX export (shared: copy it before changing it or writing beside it)."""
-
-    def make(folder: Path) -> None:
-        from vitdeploy.stages.export import export_onnx
-
-        export_onnx(digits_ckpt, folder / "model.onnx", check=False)  # parity is the export tests' concern
-
-    return _cached_onnx("fp32", make, _models_dir, ("model.onnx",))
+    return _copy_entry(artifact_cache.fp32_entry(), _models_dir, ("model.onnx",))
 
 
 @pytest.fixture(scope="session")
 def digits_fp16(digits_onnx: Path, _models_dir: Path) -> Path:
     """The digits model converted to FP16 by convert_fp16 (shared: copy it before changing it)."""
-
-    def make(folder: Path) -> None:
-        from vitdeploy.stages.precision import convert_fp16
-
-        shutil.copy2(digits_onnx, folder / "model.onnx")
-        convert_fp16(folder / "model.onnx", folder / "model.fp16.onnx")
-
-    return _cached_onnx("fp16", make, _models_dir, ("model.fp16.onnx",))
+    return _copy_entry(artifact_cache.fp16_entry(), _models_dir, ("model.fp16.onnx",))
 
 
 @pytest.fixture(scope="session")
 def digits_int8(digits_onnx: Path, _models_dir: Path) -> Path:
     """The digits model calibrated to INT8 Q/DQ by calibrate with its defaults on calibration/ (500 images), with
     its calibration cache beside it (shared: copy it before changing it)."""
-
-    def make(folder: Path) -> None:
-        from vitdeploy.stages.precision import calibrate
-
-        shutil.copy2(digits_onnx, folder / "model.onnx")
-        calibrate(folder / "model.onnx", CALIB, folder / "model.int8.onnx", **INT8_OPTIONS)  # type: ignore[arg-type]
-
-    return _cached_onnx("int8", make, _models_dir, ("model.int8.onnx", "model.int8.calib.json"))
+    return _copy_entry(artifact_cache.int8_entry(), _models_dir, ("model.int8.onnx", "model.int8.calib.json"))
 
 
 @pytest.fixture(scope="session")
@@ -249,3 +177,26 @@ def photo_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
         Image.fromarray(arr).save(p)
         out.append(p)
     return out
+
+
+# --- the background maker (pytest-xdist's controller only) --------------------------------------------------------
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under xdist, the controller (which runs no test) makes the cached artifacts in the background, on every core,
+    while the workers start on the tests that need none (``tests/artifact_cache.py`` says why)."""
+    config = session.config
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    # its output is dropped: if it fails, a worker makes that entry itself in the test that needs it, and fails there
+    config._artifact_maker = subprocess.Popen(  # type: ignore[attr-defined]
+        [sys.executable, str(Path(__file__).with_name("artifact_cache.py"))],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))})
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    maker = getattr(session.config, "_artifact_maker", None)
+    if maker is not None and maker.poll() is None:  # the run ended first (-k, -x, Ctrl-C): stop it; its lock goes too
+        maker.kill()
+        maker.wait()

@@ -1,0 +1,144 @@
+"""The digits model's artifacts (checkpoint, fp32/fp16/int8 ONNX), cached across runs (not a test module).
+
+Each entry lives under ``.cache/test-artifacts/`` (gitignored, or ``$VITDEPLOY_TEST_CACHE``) in a folder named by a
+hash of the source code that makes it, so a code change re-makes it and a fresh clone makes it once. An entry is
+made under a lock, into a private folder renamed into place when complete: a killed run never leaves a half-made
+entry, and several processes (pytest-xdist workers, the background maker below) never make one twice.
+
+    python tests/artifact_cache.py    # make every entry now (conftest starts this in the background under xdist)
+
+Why a background maker: on a fresh clone the checkpoint takes the longest of anything in the suite to make (12
+epochs of training). A worker pinned to its share of the cores would make it on one core while the other workers
+wait for it; started by the xdist controller at session start, unpinned, it trains on every core while the workers
+run the tests that need no artifact, and whoever needs it next waits on the lock for the rest.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CALIB = REPO / "calibration"  # the repository's default calibration images (digits scans)
+CACHE_ROOT = Path(os.environ.get("VITDEPLOY_TEST_CACHE", REPO / ".cache" / "test-artifacts"))
+# The shared digits checkpoint: what `vitdeploy train` does on the embedded set, few enough epochs to be quick, enough
+# for the accuracy tests (fp32/int8/fp16 agreement, guard budgets) to measure a trained model.
+DIGITS_TRAIN = {"epochs": 12, "seed": 0}
+KEEP_ENTRIES = 4  # cached entries kept per kind (ckpt, fp32, fp16, int8)
+# The shared INT8 artifact: calibrate's defaults on the repository's calibration/ folder.
+INT8_OPTIONS: dict[str, object] = {}
+
+
+def code_hash(patterns: Iterable[str], *extra: object) -> str:
+    """A short hash of the files under vitdeploy/ matching ``patterns`` plus ``extra``: the key of a cached artifact."""
+    h = hashlib.sha256()
+    for pattern in patterns:
+        for f in sorted((REPO / "vitdeploy").glob(pattern)):
+            h.update(str(f.relative_to(REPO)).encode())
+            h.update(f.read_bytes())
+    for e in extra:
+        h.update(repr(e).encode())
+    return h.hexdigest()[:16]
+
+
+def cached_folder(key: str, make: Callable[[Path], None]) -> Path:
+    """``CACHE_ROOT/key``, made by ``make(folder)`` when missing.
+
+    ``make`` writes into a private folder that is renamed into place only when complete, so a killed run never
+    leaves a half-made entry; concurrent runs (several pytest processes on one checkout) wait on a lock file."""
+    final = CACHE_ROOT / key
+    if final.is_dir():
+        return final
+    CACHE_ROOT.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_ROOT / f".{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent run making the same entry: wait for it, do not make it twice
+        if final.is_dir():
+            return final
+        for stale in CACHE_ROOT.glob(f".{key}.*.tmp"):  # a killed run's half-made entry (the lock is ours now)
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = CACHE_ROOT / f".{key}.{os.getpid()}.tmp"
+        tmp.mkdir()
+        try:
+            make(tmp)
+            tmp.rename(final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    kind = key.split("-")[0]  # keep the newest few entries of this kind: every code change makes a new one
+    for old in sorted(CACHE_ROOT.glob(f"{kind}-*"), key=lambda d: d.stat().st_mtime)[:-KEEP_ENTRIES]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+# --- the entries: each a key and a maker ---------------------------------------------------------------------------
+
+
+def digits_key() -> str:
+    # what training reads: the model, its data and the preprocessing (not every core module, which change often)
+    return "ckpt-" + code_hash(["model/vit.py", "model/train.py", "model/data.py", "model/checkpoint.py",
+                                "core/preprocess.py"], DIGITS_TRAIN)
+
+
+def onnx_key() -> str:
+    """The ONNX artifacts' key: all of vitdeploy's code and tables, the checkpoint's key, the calibration images."""
+    calib = sorted(f"{f.name}:{f.stat().st_size}" for f in CALIB.iterdir())
+    return code_hash(["**/*.py", "**/*.json"], digits_key(), INT8_OPTIONS, calib)
+
+
+def ckpt_entry() -> Path:
+    """The folder holding ``ckpt.pth``: the digits ViT trained by ``vitdeploy train``'s code for DIGITS_TRAIN."""
+
+    def make(folder: Path) -> None:
+        from vitdeploy.model.train import TrainOptions, train
+
+        train(None, TrainOptions(out=folder / "ckpt.pth", **DIGITS_TRAIN))  # type: ignore[arg-type]
+
+    return cached_folder(digits_key(), make)
+
+
+def fp32_entry() -> Path:
+    """The folder holding ``model.onnx``, the checkpoint's export (parity is the export tests' concern)."""
+
+    def make(folder: Path) -> None:
+        from vitdeploy.stages.export import export_onnx
+
+        export_onnx(ckpt_entry() / "ckpt.pth", folder / "model.onnx", check=False)
+
+    return cached_folder(f"fp32-{onnx_key()}", make)
+
+
+def fp16_entry() -> Path:
+    """The folder holding ``model.fp16.onnx``, made by convert_fp16 from the fp32 export."""
+
+    def make(folder: Path) -> None:
+        from vitdeploy.stages.precision import convert_fp16
+
+        shutil.copy2(fp32_entry() / "model.onnx", folder / "model.onnx")
+        convert_fp16(folder / "model.onnx", folder / "model.fp16.onnx")
+
+    return cached_folder(f"fp16-{onnx_key()}", make)
+
+
+def int8_entry() -> Path:
+    """The folder holding ``model.int8.onnx`` and its calibration cache: calibrate's defaults on calibration/."""
+
+    def make(folder: Path) -> None:
+        from vitdeploy.stages.precision import calibrate
+
+        shutil.copy2(fp32_entry() / "model.onnx", folder / "model.onnx")
+        calibrate(folder / "model.onnx", CALIB, folder / "model.int8.onnx", **INT8_OPTIONS)  # type: ignore[arg-type]
+
+    return cached_folder(f"int8-{onnx_key()}", make)
+
+
+ENTRIES = (ckpt_entry, fp32_entry, int8_entry, fp16_entry)  # in the order the suite first needs them
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    for entry in ENTRIES:
+        entry()
