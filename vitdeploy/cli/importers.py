@@ -24,9 +24,10 @@ def import_(
     --arch; convert once here so verify, infer, benchmark and the rest take it as a plain checkpoint.
     """
     from vitdeploy.core.fileio import check_output
-    from vitdeploy.model.importers import import_checkpoint
 
     check_output(out, [source, labels])  # over its own source, a checkpoint would lose its training state
+    from vitdeploy.model.importers import import_checkpoint  # torch: after the output is known to be usable
+
     err_console.print(f"importing {source}: reading the weights and building the model (seconds for ViT-B)…", highlight=False,
                       soft_wrap=True)
     path, m = import_checkpoint(source, out, arch=arch, labels=labels)
