@@ -5,6 +5,9 @@
     .venv/bin/python scripts/probe_bad_inputs.py --fast     # the quick ones (CI: tests/test_probe.py)
     .venv/bin/python scripts/probe_bad_inputs.py --code DIR # the vitdeploy package of another checkout (e.g. an
                                                             # older commit in a git worktree), for before/after
+    .venv/bin/python scripts/probe_bad_inputs.py --fast --shard 0/3 --ckpt ckpt.pth --scratch DIR
+        # the probes k with k % 3 == 0, on a trained digits checkpoint (not one trained here), in a scratch folder
+        # made once in DIR for all the shards (tests/test_probe.py: one test per shard, spread by pytest-xdist)
 
 Each probe runs `python -m vitdeploy ...` in its own process in a scratch folder of real files (a digits
 checkpoint trained for one epoch, its ONNX export, real digit images, a broken and a decompression-bomb PNG) and
@@ -19,6 +22,7 @@ Exit 1 when any promise is broken.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -240,19 +244,23 @@ EARLIER = b"the best epoch of an earlier, interrupted run"
 # ------------------------------------------------------------------ the scratch folder
 
 
-def make_scratch(root: Path, code: Path) -> None:
-    """A digits checkpoint (one epoch), its ONNX export, real digit images, a broken PNG and a decompression bomb."""
+def make_scratch(root: Path, code: Path, ckpt: Path | None = None) -> None:
+    """A digits checkpoint (``ckpt``, copied, else one trained for an epoch), its ONNX export, real digit images, a
+    broken PNG and a decompression bomb."""
     import numpy as np
     from PIL import Image
 
     env = {**os.environ, "PYTHONPATH": str(code)}
+    if ckpt is not None:
+        shutil.copyfile(ckpt, root / "ckpt.pth")  # a copy: the caller's checkpoint is never changed
     script = (
         "from pathlib import Path\n"
-        "from vitdeploy.model.train import TrainOptions, train\n"
         "from vitdeploy.model.data import write_digits\n"
         f"r = Path({str(root)!r})\n"
-        "train(None, TrainOptions(epochs=1, out=r / 'ckpt.pth', seed=0))\n"
-        "write_digits(r / 'digits')\n"
+        + ("" if ckpt is not None else
+           "from vitdeploy.model.train import TrainOptions, train\n"
+           "train(None, TrainOptions(epochs=1, out=r / 'ckpt.pth', seed=0))\n")
+        + "write_digits(r / 'digits')\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True, env=env, capture_output=True, timeout=600)
     subprocess.run([sys.executable, "-m", "vitdeploy", "export", "ckpt.pth", "--no-check"], cwd=root, env=env,
@@ -298,6 +306,22 @@ m.graph.initializer.append(numpy_helper.from_array(np.array(np.nan, np.float32),
 m.graph.node.append(helper.make_node("Mul", [out + "_pre_nan", "nan_scale"], [out]))
 onnx.save(m, sys.argv[2])
 """
+
+
+def shared_scratch(folder: Path, code: Path, ckpt: Path | None) -> Path:
+    """The scratch folder made once in ``folder`` (under a lock) and reused as it is by later runs, so the shards of
+    one test run make it once. Each run probes a copy of it; delete ``folder`` after changing the code."""
+    folder.mkdir(parents=True, exist_ok=True)
+    made = folder / "scratch"
+    with open(folder / "scratch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another shard making it: wait for it
+        if not made.is_dir():
+            part = folder / "scratch.partial"  # a run killed while making it leaves no half-made scratch
+            shutil.rmtree(part, ignore_errors=True)
+            part.mkdir()
+            make_scratch(part, code, ckpt)
+            part.rename(made)
+    return made
 
 
 def pristine(root: Path) -> Path:
@@ -464,6 +488,17 @@ def run_probe(p: Probe, root: Path, code: Path, timeout: float) -> Row:
     return Row(p, r.returncode, (err[-1] if err else "")[:90], "Traceback" in r.stderr, shown, broken)
 
 
+def shard(text: str) -> tuple[int, int]:
+    """``I/N`` (0 <= I < N) for --shard."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write I/N, e.g. 0/3") from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"{text!r}: I must be in 0..N-1")
+    return i, n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fast", action="store_true", help="only the quick probes (CI)")
@@ -473,13 +508,33 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds a probe may run; one still running then took the bad input (e.g. trained)")
     ap.add_argument("--only", action="append", default=[], metavar="TEXT",
                     help="only the probes whose command or input words contain TEXT (repeatable)")
+    ap.add_argument("--shard", type=shard, metavar="I/N",
+                    help="of the chosen probes (numbered from 0), only probe k with k %% N == I: N runs share them")
+    ap.add_argument("--count", action="store_true", help="print how many probes would run, and run none")
+    ap.add_argument("--ckpt", type=Path, metavar="PATH",
+                    help="a trained digits checkpoint for the scratch folder (copied) instead of training one epoch")
+    ap.add_argument("--scratch", type=Path, metavar="DIR",
+                    help="make the scratch folder once in DIR and reuse it when it is there (the shards of a run)")
     a = ap.parse_args(argv)
     chosen = [p for p in probes() if not (a.fast and p.slow)
               and (not a.only or any(t in f"{p.args[0]} {p.what}" for t in a.only))]
+    if a.shard:
+        i, n = a.shard
+        chosen = [p for k, p in enumerate(chosen) if k % n == i]
+    if a.count:
+        print(len(chosen))
+        return 0
+    if a.ckpt is not None and not a.ckpt.is_file():
+        ap.error(f"--ckpt {a.ckpt}: no such file")
+    ckpt = a.ckpt.resolve() if a.ckpt is not None else None
     with tempfile.TemporaryDirectory(prefix="vitdeploy-probe-") as tmp:
         root = (Path(a.keep) if a.keep else Path(tmp)) / "work"
         root.mkdir(parents=True)
-        make_scratch(root, a.code.resolve())
+        if a.scratch is not None:
+            root.rmdir()
+            shutil.copytree(shared_scratch(a.scratch.resolve(), a.code.resolve(), ckpt), root, symlinks=True)
+        else:
+            make_scratch(root, a.code.resolve(), ckpt)
         shutil.copytree(root, pristine(root), symlinks=True)
         rows = [run_probe(p, root, a.code.resolve(), a.timeout) for p in chosen]
     w = 44
