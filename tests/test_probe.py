@@ -3,6 +3,9 @@
 (Issues 15 and 23: one line, the documented exit code, no traceback, nothing written outside the output, special
 files written in place, NaN never a pass, byte file names, benchmark bounds. The full run,
 with the slower probes, is by hand: `.venv/bin/python scripts/probe_bad_inputs.py`.)
+
+The probes run in SHARDS tests (probe k in shard k % SHARDS), so pytest-xdist spreads them over its workers; they
+probe the session's digits checkpoint (a copy) in a scratch folder made once per worker process.
 """
 
 from __future__ import annotations
@@ -11,10 +14,36 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "probe_bad_inputs.py"
+SHARDS = 4
+AT_LEAST = 60 // SHARDS - 1  # probes per shard: 60 and more in all
 
 
-def test_fast_probes_keep_every_promise() -> None:
-    r = subprocess.run([sys.executable, str(SCRIPT), "--fast"], capture_output=True, text=True, timeout=900)
+def _count(*args: str) -> int:
+    """How many fast probes the script would run with ``args`` (it runs none)."""
+    r = subprocess.run([sys.executable, str(SCRIPT), "--fast", "--count", *args], capture_output=True, text=True,
+                       timeout=60, check=True)
+    return int(r.stdout)
+
+
+def test_the_shards_cover_every_fast_probe() -> None:
+    shards = [_count("--shard", f"{i}/{SHARDS}") for i in range(SHARDS)]
+    assert sum(shards) == _count() >= 60 and min(shards) >= AT_LEAST, shards
+
+
+@pytest.fixture(scope="module")
+def probe_scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the first shard run in this process makes the scratch folder, and the later ones copy it from."""
+    return tmp_path_factory.mktemp("probe-scratch")
+
+
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_fast_probes_keep_every_promise(shard: int, digits_ckpt: Path, probe_scratch: Path) -> None:
+    which = f"{shard}/{SHARDS}"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--fast", "--shard", which, "--ckpt", str(digits_ckpt),
+                        "--scratch", str(probe_scratch)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
-    assert "0 broke a promise" in r.stdout and int(r.stdout.split(" probes,")[0].split()[-1]) >= 60, r.stdout[-500:]
+    ran = int(r.stdout.split(" probes,")[0].split()[-1])
+    assert "0 broke a promise" in r.stdout and ran == _count("--shard", which) >= AT_LEAST, r.stdout[-500:]
