@@ -181,6 +181,20 @@ def photo_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 # --- the background maker (pytest-xdist's controller only) --------------------------------------------------------
 
+_ARTIFACT_FIXTURES = {"digits_ckpt", "digits_onnx", "digits_fp16", "digits_int8", "digits_artifacts", "digits_bundle"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules whose tests need none of the cached artifacts run first, the others after them, each module's tests
+    kept together and in order (its module fixtures are made once): on a fresh clone the background maker has
+    the artifacts ready by the time they are asked for. Every worker sorts the same collection the same way."""
+    needs: dict[str, bool] = {}
+    for it in items:
+        uses = bool(_ARTIFACT_FIXTURES & set(getattr(it, "fixturenames", ())))
+        needs[it.nodeid.split("::")[0]] = needs.get(it.nodeid.split("::")[0], False) or uses
+    items.sort(key=lambda it: needs[it.nodeid.split("::")[0]])  # stable: collection order within each group
+
+
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Under xdist, the controller (which runs no test) makes the cached artifacts in the background, on every core,
