@@ -20,12 +20,6 @@ _STAGES = {
 }
 
 
-# model.importers.load_any's words for a folder that is no Hugging Face folder (tests/test_usage_errors_are_light.py
-# holds the two together): said here, before the load imports torch
-NOT_A_CHECKPOINT_FOLDER = ("is a folder without config.json: pass a vitdeploy checkpoint file, a Hugging Face "
-                           "save_pretrained folder, or a timm state dict with --arch")
-
-
 @app.command()
 @handle_errors
 def export(
@@ -47,17 +41,12 @@ def export(
     """Export a checkpoint to ONNX: input pixel_values [batch, 3, H, W], output logits [batch, classes], manifest inside."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from vitdeploy.core.errors import VitdeployError
     from vitdeploy.core.fileio import check_output
     from vitdeploy.stages.export import check_opset, check_target, export_onnx
 
     target = say_target(target)  # resolved once, before any work
     check_output(out, [checkpoint, labels], suffixes=(".onnx",))
-    # export_onnx's own checks of the options first (it makes them again), then a folder that is no checkpoint:
-    # refused before the load imports torch
-    check_target(target, check_opset(opset))
-    if checkpoint.is_dir() and not (checkpoint / "config.json").is_file():
-        raise VitdeployError(f"{checkpoint} {NOT_A_CHECKPOINT_FOLDER}")
+    check_target(target, check_opset(opset))  # export_onnx's own option checks, before the load imports torch
     with Progress(
         SpinnerColumn(), TextColumn("[bold]export"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
         console=err_console, transient=True, disable=not err_console.is_terminal,
@@ -96,7 +85,7 @@ def export(
     imgs = f" -i {images}" if images else ""
     next_step(f"vitdeploy build-engine {result.path} --int8{imgs}", f"vitdeploy bundle {result.path}{imgs}")
     if result.parity is not None and result.parity.skipped:  # checked on the readable images only: partly done
-        from vitdeploy.core.errors import EXIT_PARTIAL
+        from vitdeploy.core.errors import EXIT_PARTIAL, VitdeployError
 
         raise VitdeployError(f"{len(result.parity.skipped)} unreadable parity image(s) skipped; the model is written "
                              "and passed on the rest", EXIT_PARTIAL)

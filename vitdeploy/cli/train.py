@@ -89,9 +89,6 @@ def train(
     Under `torchrun --nproc-per-node N -m vitdeploy train ...` it trains with DistributedDataParallel;
     rank 0 alone reports and writes the checkpoint.
     """
-    refuse_early(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, label_smoothing=label_smoothing,
-                 val_fraction=val_fraction, image_size=image_size, patch_size=patch_size, workers=workers,
-                 accum_steps=accum_steps, precision=precision, preset=preset, out=out, init=init)
     import contextlib
 
     from rich.progress import (
@@ -104,8 +101,7 @@ def train(
     )
 
     from vitdeploy.core.errors import UsageError
-    from vitdeploy.model.train import TrainOptions, dist_from_env
-    from vitdeploy.model.train import train as run_train
+    from vitdeploy.model.train_options import TrainOptions, check_options, dist_from_env
 
     opts = TrainOptions(
         preset=preset, image_size=image_size, patch_size=patch_size, pool=pool, epochs=epochs, batch_size=batch_size,
@@ -114,6 +110,14 @@ def train(
         precision=precision, workers=workers, accum_steps=accum_steps,
     )
     main_rank = dist_from_env().main
+    try:  # a bad value is refused before model.train imports torch (train checks again, for library callers)
+        check_options(opts)
+    except UsageError as e:
+        if main_rank:
+            raise
+        raise typer.Exit(e.exit_code) from None  # the same on every rank: rank 0 says it, once
+    from vitdeploy.model.train import train as run_train
+
     if main_rank:
         say_model_choice(data_dir, preset, image_size, init or resume)
     live = main_rank and err_console.is_terminal  # a terminal: a per-batch bar with an ETA; else one line per epoch
@@ -166,70 +170,6 @@ def train(
     if result.skipped:
         err_console.print(f"{len(result.skipped)} unreadable image(s) skipped")
         raise typer.Exit(EXIT_PARTIAL)
-
-
-# model.train's check_options, in its words and its order, for what it checks without torch: a bad value is refused
-# here in a third of a second, before `vitdeploy.model.train` imports torch (1.2 CPU-seconds). check_options checks
-# again for library callers; tests/test_usage_errors_are_light.py holds the two to the same message for each check.
-# The preset name is left to check_options: the presets live beside the ViT's torch modules (model/vit.py).
-_PRECISIONS = ("bf16", "fp16", "fp32")  # model.train.PRECISIONS
-_NOT_CHECKPOINT_SUFFIXES = (".onnx", ".engine", ".plan", ".json", ".txt", ".png", ".jpg")  # model.train's
-
-
-def refuse_early(
-    *, epochs: Optional[int], batch_size: int, lr: float, weight_decay: float, label_smoothing: float,
-    val_fraction: float, image_size: Optional[int], patch_size: Optional[int], workers: Optional[int],
-    accum_steps: int, precision: Optional[str], preset: Optional[str], out: Path, init: Optional[Path],
-) -> None:
-    """Refuse an impossible option value (one line, exit 2) before torch is imported; on a torchrun worker other
-    than rank 0, exit with the same code and say nothing (rank 0 says it, once)."""
-    import math
-
-    from vitdeploy.core.errors import UsageError
-    from vitdeploy.core.fileio import check_output
-
-    try:
-        if epochs is not None and epochs < 1:
-            raise UsageError(f"--epochs must be at least 1, not {epochs}")
-        if batch_size < 1:
-            raise UsageError(f"--batch-size must be at least 1, not {batch_size}")
-        if not (lr > 0 and math.isfinite(lr)):
-            raise UsageError(f"--lr must be a positive number, not {lr}")
-        if not weight_decay >= 0:
-            raise UsageError(f"--weight-decay must be 0 or more, not {weight_decay}")
-        if not 0 <= label_smoothing < 1:
-            raise UsageError(f"--label-smoothing must be in [0, 1), not {label_smoothing}")
-        if not 0 < val_fraction < 1:
-            raise UsageError(f"--val-fraction must be between 0 and 1 (exclusive), not {val_fraction}")
-        if image_size is not None and image_size < 1:
-            raise UsageError(f"--image-size must be at least 1, not {image_size}")
-        if patch_size is not None and patch_size < 1:
-            raise UsageError(f"--patch-size must be at least 1, not {patch_size}")
-        if workers is not None and workers < 0:
-            raise UsageError(f"--workers must be 0 or more, not {workers}")
-        if accum_steps < 1:
-            raise UsageError(f"--accum-steps must be at least 1, not {accum_steps}")
-        if precision is not None and precision not in _PRECISIONS:
-            raise UsageError(f"--precision must be one of {', '.join(_PRECISIONS)}, not {precision!r}")
-        if preset is not None:  # check_options looks at the preset first, then at -o
-            return
-        if out.suffix.lower() in _NOT_CHECKPOINT_SUFFIXES:
-            raise UsageError(f"-o {out}: a checkpoint is a .pth file, not {out.suffix}; pass e.g. -o {out.with_suffix('.pth').name}")
-        check_output(out, [init], option="-o")
-    except UsageError as e:
-        if _other_rank():
-            raise typer.Exit(e.exit_code) from None
-        raise
-
-
-def _other_rank() -> bool:
-    """A torchrun process other than rank 0 (model.train.dist_from_env's reading of RANK and WORLD_SIZE)."""
-    import os
-
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("RANK", "0")) != 0
-    except ValueError:
-        return False  # malformed: model.train.dist_from_env says so, on every rank
 
 
 class EpochClock:

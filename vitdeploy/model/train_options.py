@@ -1,0 +1,133 @@
+"""What `vitdeploy train` takes and the checks it makes before any work, without torch.
+
+Why a module of its own: the CLI refuses a bad option value (one line, exit 2) before ``model.train`` imports torch
+(1.2 CPU-seconds for a usage error otherwise), and the library makes the same checks for its Python callers. One
+``check_options`` serves both. Only an explicit ``--preset`` is looked up in ``model.vit``, beside the ViT's torch
+modules.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from vitdeploy.core.errors import UsageError
+from vitdeploy.core.fileio import check_output
+
+DEFAULT_PRESET = "vit-digits"
+PRECISIONS = ("bf16", "fp16", "fp32")
+# Suffixes of the other artifacts: a checkpoint written under one of them would be mistaken for it.
+_NOT_CHECKPOINT_SUFFIXES = (".onnx", ".engine", ".plan", ".json", ".txt", ".png", ".jpg")
+
+
+class UnknownPresetError(UsageError, ValueError):
+    """An unknown --preset: a usage error (exit 2) that is also the ValueError get_preset raises."""
+
+
+@dataclass
+class TrainOptions:
+    preset: str | None = None
+    image_size: int | tuple[int, int] | None = None
+    patch_size: int | None = None
+    pool: str | None = None
+    epochs: int | None = None
+    batch_size: int = 64  # global: images per optimizer step, over all processes and accumulation steps
+    lr: float = 2e-3
+    weight_decay: float = 0.05
+    warmup_epochs: float = 3.0
+    label_smoothing: float = 0.1
+    augment: bool = True
+    seed: int = 0
+    out: str | Path = "ckpt.pth"
+    resume: str | Path | None = None
+    init: str | Path | None = None
+    arch: str | None = None  # timm model name of an --init state dict
+    labels: str | Path | None = None  # class names of the --init source, one per line
+    device: str = "auto"
+    val_fraction: float = 0.1
+    threads: int | None = None
+    precision: str | None = None  # bf16, fp16, fp32; None: bf16 (else fp16) on CUDA, fp32 on a CPU
+    workers: int | None = None  # DataLoader worker processes; None: from the core count
+    accum_steps: int = 1  # gradient accumulation: micro-batches per optimizer step
+
+
+def check_options(opts: TrainOptions) -> None:
+    """Refuse impossible values before any work, in one line each (exit 2)."""
+    if opts.epochs is not None and opts.epochs < 1:
+        raise UsageError(f"--epochs must be at least 1, not {opts.epochs}")
+    if opts.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, not {opts.batch_size}")
+    if not (opts.lr > 0 and math.isfinite(opts.lr)):
+        raise UsageError(f"--lr must be a positive number, not {opts.lr}")
+    if not opts.weight_decay >= 0:
+        raise UsageError(f"--weight-decay must be 0 or more, not {opts.weight_decay}")
+    if not 0 <= opts.label_smoothing < 1:
+        raise UsageError(f"--label-smoothing must be in [0, 1), not {opts.label_smoothing}")
+    if not 0 < opts.val_fraction < 1:
+        raise UsageError(f"--val-fraction must be between 0 and 1 (exclusive), not {opts.val_fraction}")
+    if not opts.warmup_epochs >= 0:
+        raise UsageError(f"warmup_epochs must be 0 or more, not {opts.warmup_epochs}")
+    sizes = [opts.image_size] if isinstance(opts.image_size, int) or opts.image_size is None else list(opts.image_size)
+    if any(s is not None and s < 1 for s in sizes):
+        raise UsageError(f"--image-size must be at least 1, not {opts.image_size}")
+    if opts.patch_size is not None and opts.patch_size < 1:
+        raise UsageError(f"--patch-size must be at least 1, not {opts.patch_size}")
+    if opts.workers is not None and opts.workers < 0:
+        raise UsageError(f"--workers must be 0 or more, not {opts.workers}")
+    if opts.accum_steps < 1:
+        raise UsageError(f"--accum-steps must be at least 1, not {opts.accum_steps}")
+    if opts.threads is not None and opts.threads < 1:
+        raise UsageError(f"--threads must be at least 1, not {opts.threads}")
+    if opts.precision is not None and opts.precision not in PRECISIONS:
+        raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, not {opts.precision!r}")
+    if opts.preset is not None:
+        from vitdeploy.model.vit import UnknownPreset, get_preset
+
+        try:
+            get_preset(opts.preset)
+        except UnknownPreset as e:
+            raise UnknownPresetError(str(e)) from None
+    _check_out(Path(opts.out), opts.init)
+
+
+def _check_out(out: Path, init: str | Path | None = None) -> None:
+    """The one output check (core.fileio.check_output), after the one rule of train's own: a checkpoint is not
+    written under an ONNX or engine name. The --init weights are an input (``--resume X -o X`` is allowed: a
+    resumed run continues X, which is replaced only at the end)."""
+    if out.suffix.lower() in _NOT_CHECKPOINT_SUFFIXES:
+        raise UsageError(f"-o {out}: a checkpoint is a .pth file, not {out.suffix}; pass e.g. -o {out.with_suffix('.pth').name}")
+    check_output(out, [init], option="-o")
+
+
+# --- processes ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Dist:
+    """This process's place in a torchrun job (rank 0 of 1 when not under torchrun)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def dist_from_env(env: dict[str, str] | None = None) -> Dist:
+    """RANK/WORLD_SIZE/LOCAL_RANK as torchrun sets them; a plain run is rank 0 of 1."""
+    e = os.environ if env is None else env
+    try:
+        world = int(e.get("WORLD_SIZE", "1"))
+        rank = int(e.get("RANK", "0"))
+        local = int(e.get("LOCAL_RANK", str(rank)))
+    except ValueError:
+        raise UsageError("RANK/WORLD_SIZE/LOCAL_RANK must be integers (torchrun sets them)") from None
+    return Dist(rank, world, local) if world > 1 else Dist()
