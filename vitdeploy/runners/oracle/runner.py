@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -36,6 +36,30 @@ def _attrs(node: Any) -> dict[str, Any]:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
+# --- float16 ↔ float32 ---------------------------------------------------------------------
+
+# numpy's own conversion of every float16 bit pattern: widening is a lookup, bit for bit numpy's astype (NaN payloads
+# included) at about twice its speed on a contiguous array
+_HALF_TO_FLOAT = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+
+
+def widen(a: np.ndarray) -> np.ndarray:
+    """float16 → float32, exact: a lookup where ``a`` is contiguous (an array of the same layout, as astype gives),
+    astype otherwise (where the lookup is no faster)."""
+    if not (isinstance(a, np.ndarray) and a.dtype == np.float16 and a.flags.c_contiguous):
+        return np.asarray(a).astype(np.float32)
+    out = np.empty(a.shape, np.float32)
+    np.take(_HALF_TO_FLOAT, a.view(np.uint16), out=out, mode="clip")  # "clip": unbuffered; every index is in range
+    return out
+
+
+def convert(a: np.ndarray, dtype: Any) -> np.ndarray:
+    """``a.astype(dtype, copy=False)``, with the float16 → float32 case by ``widen`` (the same bits, faster)."""
+    if a.dtype == np.float16 and np.dtype(dtype) == np.float32:
+        return widen(a)
+    return a.astype(dtype, copy=False)
+
+
 # --- integer and float GEMMs -------------------------------------------------------------------
 
 
@@ -53,7 +77,8 @@ def int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     (2^53)."""
     k = a.shape[-1]
     out = _matmul(a, b, np.float32 if k * 128 * 128 <= 1 << 24 else np.float64)
-    if out.size and np.abs(out).max() > np.iinfo(np.int32).max:
+    bounded = a.dtype == b.dtype == np.int8 and k * 128 * 128 <= np.iinfo(np.int32).max  # |sum| ≤ K · 2^14: no check
+    if not bounded and out.size and np.abs(out).max() > np.iinfo(np.int32).max:
         raise VitdeployError("an int8 GEMM overflowed int32 accumulation; the oracle refuses to guess TensorRT's result")
     return out.astype(np.int32)
 
@@ -123,37 +148,46 @@ def _reduce(fn: Callable[..., np.ndarray]) -> Callable[[Any, list[np.ndarray], d
 
 
 def _softmax(node: Any, v: list[np.ndarray], at: dict[str, Any]) -> list[np.ndarray]:
-    x = v[0].astype(np.float32)
+    """exp(x − max) / sum in float32; the same operations in the same order, in one buffer (out=)."""
+    x = v[0].astype(np.float32, copy=False)
     ax = int(at.get("axis", -1))
-    e = np.exp(x - x.max(axis=ax, keepdims=True))
-    return [e / e.sum(axis=ax, keepdims=True)]
+    e = x - x.max(axis=ax, keepdims=True)
+    np.exp(e, out=e)
+    np.divide(e, e.sum(axis=ax, keepdims=True), out=e)
+    return [e]
 
 
 def _layernorm(node: Any, v: list[np.ndarray], at: dict[str, Any]) -> list[np.ndarray]:
     """ONNX LayerNormalization computed in float32 (stash_type 1, the default)."""
-    x = v[0].astype(np.float32)
+    x = v[0].astype(np.float32, copy=False)
     ax = int(at.get("axis", -1))
     axes = tuple(range(ax if ax >= 0 else x.ndim + ax, x.ndim))
     mean = x.mean(axis=axes, keepdims=True)
     d = x - mean
     var = (d * d).mean(axis=axes, keepdims=True)
-    y = d / np.sqrt(var + np.float32(at.get("epsilon", 1e-5)))
-    y = y * v[1].astype(np.float32)
-    if len(v) > 2 and v[2] is not None:
-        y = y + v[2].astype(np.float32)
+    y = np.divide(d, np.sqrt(var + np.float32(at.get("epsilon", 1e-5))), out=d)  # in place: d is not read again
+    for i, op in ((1, np.multiply), (2, np.add)):
+        if len(v) > i and v[i] is not None:
+            p = v[i].astype(np.float32, copy=False)
+            y = op(y, p, out=y) if np.broadcast_shapes(y.shape, p.shape) == y.shape else op(y, p)
     return [y]
 
 
 def _quantize(node: Any, v: list[np.ndarray], at: dict[str, Any]) -> list[np.ndarray]:
     """x / scale in float32, rounded half to even, saturated to int8 (zero point 0: the only form fused)."""
-    x, s = v[0].astype(np.float32), v[1].astype(np.float32)
+    x, s = convert(v[0], np.float32), v[1].astype(np.float32)
     zp = v[2] if len(v) > 2 and v[2] is not None else np.zeros((), np.int8)
     if s.size > 1:
         shape = [1] * x.ndim
         shape[int(at.get("axis", 1))] = -1
         s, zp = s.reshape(shape), zp.reshape(shape)
     info = np.iinfo(zp.dtype) if zp.dtype != np.int8 else np.iinfo(np.int8)
-    q = np.rint(x / s) + zp.astype(np.float32)
+    q = x / s
+    np.rint(q, out=q)
+    if np.any(zp):  # adding a zero point of 0 changes no integer (only −0.0 to +0.0): skipped
+        q = q + zp.astype(np.float32)
+    if q.shape == x.shape:
+        return [np.clip(q, info.min, info.max, out=q).astype(zp.dtype)]
     return [np.clip(q, info.min, info.max).astype(zp.dtype)]
 
 
@@ -217,7 +251,7 @@ def _squeeze(node: Any, v: list[np.ndarray], at: dict[str, Any]) -> list[np.ndar
 
 
 def _cast(node: Any, v: list[np.ndarray], at: dict[str, Any]) -> list[np.ndarray]:
-    return [v[0].astype(_np_type(int(at["to"])))]
+    return [convert(v[0], _np_type(int(at["to"])))]  # no copy when the type is already right: values are never mutated
 
 
 def _constant(node: Any, v: list[np.ndarray], at: dict[str, Any]) -> list[np.ndarray]:
@@ -317,11 +351,45 @@ OPS: dict[str, Callable[[Any, list[np.ndarray], dict[str, Any]], list[np.ndarray
 _TYPE_OPS = {"Cast", "QuantizeLinear", "DequantizeLinear", "MatMulInteger", "ConvInteger", "Shape", "Constant",
              "ConstantOfShape", "Reshape", "Transpose", "Gather", "Slice", "Split", "Squeeze", "Unsqueeze",
              "Flatten", "Expand", "Concat", "Identity", "Where", "Equal", "Less", "Greater", "Not"}
+# ops that widen every float input to float32 themselves: a float16 node of these gets its inputs widened by the
+# faster ``widen`` (the same values)
+_WIDE_OPS = {"MatMul", "Gemm", "Conv", "Pow", "Softmax", "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax",
+             "ReduceMin", "Sqrt", "Exp", "Tanh", "Log", "Reciprocal", "Sigmoid"}
+# float16 elementwise ops numpy computes in float32 from the exact widening and rounds once (24 ≥ 2·11 + 2 bits: the
+# double rounding is exact), one element at a time: computed on widened arrays instead, the same bits
+_HALF_OPS = {"Add", "Sub", "Mul", "Div"}
+# elementwise ops whose every result element depends on that element's inputs alone, however the array is laid out
+# (correctly rounded IEEE operations; scipy's erf, evaluated element by element): a float16 chain of them with one
+# varying input is a function of 16 bits, evaluated once on all 65,536 values (a lookup table)
+_TABLE_OPS = {"Add", "Sub", "Mul", "Div", "Erf", "Sqrt", "Reciprocal", "Neg", "Abs", "Relu"}
+
+OpFn = Callable[[Any, list[np.ndarray], dict[str, Any]], list[np.ndarray]]
+
+
+class _Step(NamedTuple):
+    """One node with what ``run`` needs, looked up once per session instead of once per batch."""
+
+    node: Any
+    fn: OpFn
+    attrs: dict[str, Any]
+    inputs: list[tuple[str, np.ndarray | None]]  # (name, the value where known at load time, already cast) per input
+    outputs: list[str]
+    want: np.dtype | None  # the type its float outputs are rounded to (None: not a float op)
+    cast: bool  # whether its float inputs are cast to ``want`` first
+    kind: str  # "plain", "wide" (_WIDE_OPS) or "half" (_HALF_OPS): a float16 node run a faster, equal way
+    free: tuple[str, ...]  # values no later node reads: dropped after this one (fresh buffers stay in cache)
 
 
 class OracleSession:
     """Runs a lowered graph: every node's float inputs in its declared type, its output rounded to it (pinned
-    nodes: float32 in, float32 out)."""
+    nodes: float32 in, float32 out).
+
+    Made for speed without changing a bit of the answer: what does not depend on the batch is done once here (each
+    node's types, attributes and cast plan, the constants cast to the type each node reads them in, the nodes of
+    constants alone); values are dropped after their last reader; float16 data is widened by lookup and float16
+    Add/Sub/Mul/Div computed on widened arrays (numpy's float16 loops convert element by element); chains of float16
+    elementwise nodes with one varying input are lookup tables.
+    """
 
     def __init__(self, lowered: Lowered) -> None:
         from onnx import TensorProto, numpy_helper
@@ -342,24 +410,152 @@ class OracleSession:
                          for n in self.nodes if lowered.types.get(n.output[0]) in floats}
         self.attrs = {n.name: _attrs(n) for n in self.nodes}
         self.input_types = {i.name: _np_type(i.type.tensor_type.elem_type) for i in g.input if i.name not in inits}
+        self.steps = self._plan()
+
+    def _step(self, n: Any) -> _Step:
+        pinned = n.name in self.lowered.pinned and n.name in self.out_type
+        want = np.dtype(np.float32) if pinned else self.out_type.get(n.name)
+        cast = want is not None and n.op_type not in _TYPE_OPS
+        kind = "plain"
+        if want == np.float16 and cast:
+            kind = "wide" if n.op_type in _WIDE_OPS else "half" if n.op_type in _HALF_OPS else "plain"
+        ins: list[tuple[str, np.ndarray | None]] = []
+        for name in n.input:
+            c = self.consts.get(name) if name else None
+            if c is not None and cast and _is_float(c):
+                c = c.astype(want, copy=False)
+                if kind == "wide" and c.dtype == np.float16:
+                    c = widen(c)
+            ins.append((name, c))
+        return _Step(n, OPS[n.op_type], self.attrs[n.name], ins, list(n.output), want, cast, kind, ())
+
+    def _plan(self) -> list[_Step]:
+        """The steps to run per batch: nodes of constants alone are computed here (a node that fails stays a step,
+        to fail where it always did), and each value is freed after its last reader."""
+        steps: list[_Step] = []
+        for n in self.nodes:
+            step = self._step(n)
+            if all(c is not None or not name for name, c in step.inputs):
+                try:
+                    self.consts.update(self._exec(step, {}))
+                    continue
+                except Exception:  # noqa: BLE001 - it raises again when run, as it did before
+                    pass
+            steps.append(step)
+        steps = self._tabulate(steps)
+        last: dict[str, int] = {}
+        for k, st in enumerate(steps):
+            for name in [name for name, c in st.inputs if name and c is None] + st.outputs:
+                last[name] = k
+        keep = set(self.outputs)
+        frees: list[list[str]] = [[] for _ in steps]
+        for name, k in last.items():
+            if name and name not in keep:
+                frees[k].append(name)
+        return [st._replace(free=tuple(f)) for st, f in zip(steps, frees, strict=True)]
+
+    def _tabulate(self, steps: list[_Step]) -> list[_Step]:
+        """Chains of float16 ``_TABLE_OPS`` nodes whose only varying input is one tensor, optionally ending in the
+        QuantizeLinear they feed (GELU's Div, Erf, Add, Mul, Mul, then the next GEMM's Q; a Mul by a scalar; a Q
+        alone), become one lookup: the chain is run once on all 65,536 float16 values, so the table holds exactly what
+        it computes for each, and its intermediate values (each read by the next node alone) are never formed."""
+        from onnx import TensorProto
+
+        readers: dict[str, set[int]] = {o: {-1} for o in self.outputs}
+        for k, st in enumerate(steps):
+            for name, c in st.inputs:
+                if name and c is None:
+                    readers.setdefault(name, set()).add(k)
+        chains: list[tuple[str, list[int]]] = []  # (the varying input, the chain's steps)
+        open_at: dict[str, int] = {}  # the last output of a chain that may go on → the chain
+        for k, st in enumerate(steps):
+            varying = {name for name, c in st.inputs if name and c is None}
+            quantize = st.node.op_type == "QuantizeLinear"
+            elementwise = st.want == np.float16 and st.cast and st.node.op_type in _TABLE_OPS
+            # constants of one element each: every output element depends on its input element alone
+            if not ((elementwise or quantize) and len(st.outputs) == 1 and varying
+                    and all(c is None or c.size == 1 for _, c in st.inputs)):
+                continue
+            joins = [open_at.pop(v) for v in varying if v in open_at and readers.get(v) == {k}]
+            if joins and varying <= {chains[joins[0]][0], steps[chains[joins[0]][1][-1]].outputs[0]}:
+                chains[joins[0]][1].append(k)
+                chain = joins[0]
+            elif len(varying) == 1:
+                chains.append((varying.pop(), [k]))
+                chain = len(chains) - 1
+            else:
+                continue
+            if not quantize:  # an int8 output ends the chain
+                open_at[st.outputs[0]] = chain
+        fused: dict[int, _Step | None] = {}
+        for source, ks in chains:
+            if self.lowered.types.get(source) != TensorProto.FLOAT16:
+                continue  # a float32 source (a Q of float32) is not a function of 16 bits
+            table = self._table(source, [steps[k] for k in ks])
+            if table is not None:
+                fused.update({k: None for k in ks[:-1]})
+                fused[ks[-1]] = table
+        kept = [fused.get(k, st) for k, st in enumerate(steps)]
+        return [st for st in kept if st is not None]
+
+    def _table(self, source: str, chain: list[_Step]) -> _Step | None:
+        """The chain as one lookup step (None where it does not reduce to a table of 65,536 values). A source that
+        is not float16 when run goes through the chain node by node."""
+
+        def through(x: np.ndarray) -> np.ndarray:
+            env = {source: x}
+            for st in chain:
+                env.update(self._exec(st, env))
+            return env[chain[-1].outputs[0]]
+
+        try:
+            with np.errstate(all="ignore"):  # the table holds NaN, inf and overflowing inputs too
+                table = through(np.arange(1 << 16, dtype=np.uint16).view(np.float16))
+        except Exception:  # noqa: BLE001 - left to run node by node, and to fail there as it always did
+            return None
+        if table.size != 1 << 16:
+            return None
+        table = table.reshape(-1)
+        shapes = [c.shape for st in chain for _, c in st.inputs if c is not None]
+
+        def lookup(node: Any, v: list[np.ndarray], at: dict[str, Any]) -> list[np.ndarray]:
+            if v[0].dtype != np.float16:
+                return [through(v[0])]
+            y = np.take(table, v[0].view(np.uint16), mode="clip")
+            return [y.reshape(np.broadcast_shapes(v[0].shape, *shapes))]
+
+        return _Step(chain[-1].node, lookup, {}, [(source, None)], chain[-1].outputs, None, False, "plain", ())
+
+    @staticmethod
+    def _exec(s: _Step, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        vals: list[Any] = [c if c is not None or not name else env[name] for name, c in s.inputs]  # None: absent
+        if s.cast:
+            vals = [convert(v, s.want) if v is not None and _is_float(v) else v for v in vals]
+        if s.kind == "wide":
+            outs = s.fn(s.node, [widen(v) if v is not None and v.dtype == np.float16 else v for v in vals], s.attrs)
+        elif s.kind == "half" and all(v is not None and v.dtype == np.float16 for v in vals):
+            outs = s.fn(s.node, [widen(v) for v in vals], s.attrs)
+            if outs[0].size and np.isnan(np.max(outs[0])):  # NaN ∘ NaN: which one survives is numpy's float16 loop's
+                outs = s.fn(s.node, vals, s.attrs)
+        else:
+            outs = s.fn(s.node, vals, s.attrs)
+        res = {}
+        for name, val in zip(s.outputs, outs, strict=False):
+            if name:
+                if s.want is not None and _is_float(val):
+                    val = convert(val, s.want)
+                res[name] = np.asarray(val)
+        return res
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        env: dict[str, np.ndarray] = dict(self.consts)
+        env: dict[str, np.ndarray] = {}
         for name in self.inputs:
             env[name] = np.asarray(feeds[name]).astype(self.input_types[name], copy=False)
-        pinned = self.lowered.pinned
-        for n in self.nodes:
-            vals = [env[i] if i else None for i in n.input]
-            want = np.dtype(np.float32) if n.name in pinned and n.name in self.out_type else self.out_type.get(n.name)
-            if want is not None and n.op_type not in _TYPE_OPS:
-                vals = [v.astype(want, copy=False) if v is not None and _is_float(v) else v for v in vals]
-            outs = OPS[n.op_type](n, vals, self.attrs[n.name])  # type: ignore[arg-type]
-            for name, val in zip(n.output, outs, strict=False):
-                if name:
-                    if want is not None and _is_float(val):
-                        val = val.astype(want, copy=False)
-                    env[name] = np.asarray(val)
-        return [env[o] for o in self.outputs]
+        for s in self.steps:
+            env.update(self._exec(s, env))
+            for name in s.free:
+                env.pop(name, None)
+        return [env[o] if o in env else self.consts[o] for o in self.outputs]
 
 
 # --- the Runner ----------------------------------------------------------------------------
