@@ -223,35 +223,47 @@ def test_a_busy_worker_dies_with_its_killed_parent(digits_models: tuple[Path, Pa
             os.kill(pid, signal.SIGKILL)
 
 
+CTRL_C = """
+import json, sys
+from pathlib import Path
+from vitdeploy.tools.bench import benchmark
+said = []
+def progress(msg):
+    if "round 1/" in msg and not said:  # the worker is open and busy with its 600-second round
+        import psutil
+        said.append(1)
+        print(json.dumps([c.pid for c in psutil.Process().children()]), flush=True)
+try:
+    benchmark([Path(sys.argv[1])], [1], ["onnxruntime"], warmup=0, seconds=600, threads=1, progress=progress)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
 def test_ctrl_c_stops_a_busy_worker_at_once(digits_models: tuple[Path, Path]) -> None:
+    """Ctrl-C (a real SIGINT, to a process of its own) two seconds into a 600-second round stops the benchmark and
+    its worker at once."""
+    import json
     import signal
+    import subprocess
+    import sys
     import time
 
-    started: list[float] = []
-
-    def on_alarm(signum: int, frame: object) -> None:
-        started.append(time.monotonic())
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    pids: list[int] = []
-
-    def progress(msg: str) -> None:
-        if "round 1/" in msg and not pids:
-            signal.alarm(2)  # the worker is opened; two seconds into its 600-second round, Ctrl-C
-            import psutil
-
-            pids.extend(c.pid for c in psutil.Process().children())
-
+    p = subprocess.Popen([sys.executable, "-c", CTRL_C, str(digits_models[1])], stdout=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert p.stdout is not None
     try:
-        with pytest.raises(KeyboardInterrupt):
-            benchmark([digits_models[1]], [1], ["onnxruntime"], warmup=0, seconds=600, threads=1, progress=progress)
-        took = time.monotonic() - started[0]
+        pids = json.loads(p.stdout.readline())
+        time.sleep(2.0)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=60)
+        took = time.monotonic() - t0
     finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-    assert took < 10, f"Ctrl-C took {took:.1f} s to stop the benchmark"
-    assert pids and not any(_alive(p) for p in pids)
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130 and took < 10, f"Ctrl-C took {took:.1f} s to stop the benchmark (exit {p.returncode})"
+    assert pids and not any(_alive(q) for q in pids)
 
 
 def test_seconds_too_short_for_one_round_prints_no_figure(digits_models: tuple[Path, Path]) -> None:
