@@ -197,8 +197,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Under xdist, the controller (which runs no test) makes the cached artifacts in the background, on every core,
-    while the workers start on the tests that need none (``tests/artifact_cache.py`` says why)."""
+    """Under xdist, the controller (which runs no test) makes the cached artifacts in the background, unpinned, while
+    the workers start on the tests that need none (``tests/artifact_cache.py`` says why)."""
     config = session.config
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         return
@@ -206,7 +206,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     config._artifact_maker = subprocess.Popen(  # type: ignore[attr-defined]
         [sys.executable, str(Path(__file__).with_name("artifact_cache.py"))],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ, "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))})
+        env={**os.environ, "OMP_NUM_THREADS": "1"})  # one thread: beside the workers, more would spin, not train
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
