@@ -42,11 +42,10 @@ def export(
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from vitdeploy.core.fileio import check_output
-    from vitdeploy.stages.export import check_opset, check_target, export_onnx
+    from vitdeploy.stages.export import export_onnx
 
     target = say_target(target)  # resolved once, before any work
     check_output(out, [checkpoint, labels], suffixes=(".onnx",))
-    check_target(target, check_opset(opset))  # export_onnx's own option checks, before the load imports torch
     with Progress(
         SpinnerColumn(), TextColumn("[bold]export"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
         console=err_console, transient=True, disable=not err_console.is_terminal,
