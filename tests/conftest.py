@@ -23,7 +23,7 @@ from PIL import Image
 
 
 def _share_the_cores() -> None:
-    """Under pytest-xdist (``make test`` runs ``-n auto``), give each worker its own share of the cores.
+    """Under pytest-xdist (``make test`` runs one worker per core), give each worker its own share of the cores.
 
     vitdeploy sizes its thread pools by the affinity mask (``core.host.available_cores``): without a share, every
     worker and every command it starts would spin a pool as wide as the machine, and on CI's 2 cores two workers'
@@ -179,7 +179,7 @@ def photo_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return out
 
 
-# --- the background maker (pytest-xdist's controller only) --------------------------------------------------------
+# --- a fresh clone: the order of the modules, and the background maker (pytest-xdist's controller only) -----------
 
 _ARTIFACT_FIXTURES = {"digits_ckpt", "digits_onnx", "digits_fp16", "digits_int8", "digits_artifacts", "digits_bundle"}
 
@@ -188,12 +188,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules whose tests need none of the cached artifacts run first, the others after them, each module's tests
     kept together and in order (its module fixtures are made once): on a fresh clone the background maker has
     the artifacts ready by the time they are asked for. Every worker sorts the same collection the same way."""
-    needs: dict[str, bool] = {}
-    for it in items:
-        uses = bool(_ARTIFACT_FIXTURES & set(getattr(it, "fixturenames", ())))
-        needs[it.nodeid.split("::")[0]] = needs.get(it.nodeid.split("::")[0], False) or uses
-    items.sort(key=lambda it: needs[it.nodeid.split("::")[0]])  # stable: collection order within each group
+    def module(it: pytest.Item) -> str:
+        return it.nodeid.split("::")[0]
 
+    needs = {module(it) for it in items if _ARTIFACT_FIXTURES & set(getattr(it, "fixturenames", ()))}
+    items.sort(key=lambda it: module(it) in needs)  # stable: collection order within each group
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
