@@ -144,7 +144,28 @@ def int8_entry() -> Path:
     return cached_folder(f"int8-{onnx_key()}", make)
 
 
-ENTRIES = (ckpt_entry, fp32_entry, int8_entry, fp16_entry)  # in the order the suite first needs them
+PROBE_SCRIPT = REPO / "scripts" / "probe_bad_inputs.py"
+
+
+def probe_scratch_entry() -> Path:
+    """The bad-input probe's scratch folder (``scripts/probe_bad_inputs.py --scratch``) on the digits checkpoint:
+    made once for every worker and run, not once per worker (its export and the files it writes cost about 8 CPU-s)."""
+
+    def make(folder: Path) -> None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("probe_bad_inputs", PROBE_SCRIPT)
+        assert spec is not None and spec.loader is not None
+        probe = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look themselves up
+        spec.loader.exec_module(probe)
+        probe.shared_scratch(folder, REPO, ckpt_entry() / "ckpt.pth")
+
+    script = hashlib.sha256(PROBE_SCRIPT.read_bytes()).hexdigest()
+    return cached_folder(f"probe-{code_hash(['**/*.py', '**/*.json'], digits_key(), script)}", make)
+
+
+# in the order the suite first needs them
+ENTRIES = (ckpt_entry, fp32_entry, int8_entry, fp16_entry, probe_scratch_entry)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ files written in place, NaN never a pass, byte file names, benchmark bounds. The
 with the slower probes, is by hand: `.venv/bin/python scripts/probe_bad_inputs.py`.)
 
 The probes run in SHARDS tests (probe k in shard k % SHARDS), so pytest-xdist spreads them over its workers; they
-probe the session's digits checkpoint (a copy) in a scratch folder made once per worker process.
+probe the session's digits checkpoint (a copy) in a scratch folder made once and cached like the digits artifacts.
 """
 
 from __future__ import annotations
@@ -33,10 +33,13 @@ def test_the_shards_cover_every_fast_probe() -> None:
     assert sum(shards) == _count() >= 60 and min(shards) >= AT_LEAST, shards
 
 
-@pytest.fixture(scope="module")
-def probe_scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the first shard run in this process makes the scratch folder, and the later ones copy it from."""
-    return tmp_path_factory.mktemp("probe-scratch")
+@pytest.fixture(scope="session")
+def probe_scratch(digits_ckpt: Path) -> Path:
+    """The script's --scratch folder, made once on the digits checkpoint for every worker and run (tests/
+    artifact_cache.py); each shard probes a copy of it."""
+    import artifact_cache
+
+    return artifact_cache.probe_scratch_entry()
 
 
 @pytest.mark.parametrize("shard", range(SHARDS))
