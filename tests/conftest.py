@@ -16,11 +16,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import artifact_cache
-import pytest
-from helpers import MODES, save_in_mode
-from PIL import Image
-
 
 def _share_the_cores() -> None:
     """Under pytest-xdist (``make test`` runs one worker per core), give each worker its own share of the cores.
@@ -28,7 +23,12 @@ def _share_the_cores() -> None:
     vitdeploy sizes its thread pools by the affinity mask (``core.host.available_cores``): without a share, every
     worker and every command it starts would spin a pool as wide as the machine, and on CI's 2 cores two workers'
     ONNX Runtime pools fight over the same cores. So worker i of n keeps cores i, i+n, ... (the commands it starts
-    inherit that), and OMP_NUM_THREADS, which torch reads when it is first imported, matches the share."""
+    inherit that), and OMP_NUM_THREADS, which torch reads when it is first imported, matches the share.
+
+    It runs before this module imports numpy (below): OpenBLAS sizes its pool and starts its threads when numpy is
+    first imported, and threads started before the pinning keep the whole machine. Measured: one such OpenBLAS
+    thread per worker, spinning on the other worker's core, made the one-command bundle test cost 20 CPU-s instead
+    of 11 (``test_worker_threads.py`` checks the pool)."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if worker.startswith("gw") and count > 1 and len(cores) >= count:
@@ -39,6 +39,11 @@ def _share_the_cores() -> None:
 
 
 _share_the_cores()
+
+import artifact_cache  # noqa: E402  (after the pinning: these import numpy)
+import pytest  # noqa: E402
+from helpers import MODES, save_in_mode  # noqa: E402
+from PIL import Image  # noqa: E402
 
 
 def session_copy(src: Path, tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
