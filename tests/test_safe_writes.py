@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_cases import CliCase, run_cli_cases
 from PIL import Image
 
 from vitdeploy.core.errors import UsageError
@@ -75,7 +76,7 @@ def test_explain_maps_stay_inside_out_for_same_stems_by_absolute_path(work: Path
 # items 2, 3, 11, 15: the one output check ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args", [
+OUTPUT_REFUSALS = [
     ("convert-fp16", "model.onnx", "-o", "model.onnx"),
     ("convert-fp16", "model.onnx", "-o", "./img/../model.onnx"),
     ("convert-fp16", "model.onnx", "-o", "link.onnx"),
@@ -89,16 +90,28 @@ def test_explain_maps_stay_inside_out_for_same_stems_by_absolute_path(work: Path
     ("infer", "img", "-o", "img"),
     ("explain", "img/a.png", "--model", "model.onnx", "-o", "model.onnx"),
     ("bundle", "model.onnx", "-o", "."),
-], ids=lambda a: " ".join(a))
-def test_outputs_are_checked_before_any_work(work: Path, args: tuple[str, ...]) -> None:
+]
+
+
+@pytest.fixture(scope="module")
+def output_refusals(work: Path) -> dict[tuple[str, ...], CliCase]:
+    """Every OUTPUT_REFUSALS case run in ``work`` (with link.onnx, a link to model.onnx), in one process."""
     link = work / "link.onnx"
     if not link.exists():
         link.symlink_to(work / "model.onnx")
     before = tree(work)
-    r = vitdeploy(*args, cwd=work)
-    assert r.returncode == 2, (r.returncode, r.stderr)
-    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert tree(work) == before  # the input is intact, nothing written
+    rows = {tuple(c.argv): c for c in run_cli_cases(OUTPUT_REFUSALS, work)}
+    assert tree(work) == before  # every input intact, byte for byte
+    return rows
+
+
+@pytest.mark.parametrize("args", OUTPUT_REFUSALS, ids=lambda a: " ".join(a))
+def test_outputs_are_checked_before_any_work(output_refusals: dict[tuple[str, ...], CliCase],
+                                             args: tuple[str, ...]) -> None:
+    r = output_refusals[args]
+    assert r.code == 2, (r.code, r.stderr)
+    assert len(r.lines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.changed == []  # the input is intact, nothing written
 
 
 def test_import_over_its_source_keeps_train_state(work: Path) -> None:

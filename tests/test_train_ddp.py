@@ -214,7 +214,7 @@ def test_options_through_a_short_run(tmp_path: Path) -> None:
 def test_rendezvous_failure_is_one_line_naming_the_address(tmp_path: Path) -> None:
     port = _free_port()  # nobody listens there
     env = {**_env(), "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "VITDEPLOY_RENDEZVOUS_TIMEOUT": "3"}
+           "MASTER_PORT": str(port), "VITDEPLOY_RENDEZVOUS_TIMEOUT": "1"}
     r = subprocess.run([sys.executable, "-m", "vitdeploy", "train", "-o", "ck.pth"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr
