@@ -22,14 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from vitdeploy.core.defaults import SAFETY, SPREAD_LIMIT  # flagging limits (light: the CLI's --help shows them)
 from vitdeploy.core.errors import UsageError, VitdeployError
 
 FP16_MAX = 65504.0
-# Headroom under this is flagged: a tensor within 2× of 65504 on these images can overflow on the next one.
-SAFETY = 2.0
-# Spread over this is flagged: per-tensor INT8 gives the median channel 127/spread levels; at 16 that is
-# under 8 levels (3 bits), where RepQ-ViT/FQ-ViT see post-LayerNorm quantization collapse.
-SPREAD_LIMIT = 16.0
 PERCENTILE = 99.99
 
 ROLES = ("layernorm_input", "layernorm_square", "residual_add", "softmax_input", "quantized_input")

@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from vitdeploy.checks.numerics import SAFETY, SPREAD_LIMIT
 from vitdeploy.cli.app import app, console, err_console, handle_errors, print_json, styled
+from vitdeploy.core.defaults import SAFETY, SPREAD_LIMIT
 from vitdeploy.core.errors import EXIT_PARTIAL
 
 

@@ -9,7 +9,7 @@ import typer
 
 from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step, say_target, styled
 from vitdeploy.cli.options import TARGET_NAMES
-from vitdeploy.stages.precision import DEFAULT_METHOD, DEFAULT_QUANTIZE_ATTENTION
+from vitdeploy.core.defaults import DEFAULT_METHOD, DEFAULT_QUANTIZE_ATTENTION
 
 
 @app.command()

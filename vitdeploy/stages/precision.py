@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from vitdeploy.core.artifact import OnnxArtifact
+from vitdeploy.core.defaults import DEFAULT_METHOD, DEFAULT_QUANTIZE_ATTENTION, SPREAD_LIMIT
 from vitdeploy.core.errors import OpsetTooNew, UsageError, VitdeployError
 from vitdeploy.core.fileio import write_text_atomic
 from vitdeploy.core.manifest import Manifest, tool_versions
@@ -26,9 +27,6 @@ from vitdeploy.core.preprocess import list_images
 from vitdeploy.core.targets import CPU_TARGETS, TargetFacts, resolve_target
 from vitdeploy.model.imageset import ImageSet
 
-# Defaults chosen by measurement on the digits model (see README "calibrate"):
-DEFAULT_METHOD = "entropy"
-DEFAULT_QUANTIZE_ATTENTION = False
 FEW_IMAGES = 100
 FLOAT_TYPES = ("fp32", "fp16")
 DEFAULT_IMAGES = Path("calibration")
@@ -319,11 +317,10 @@ def site_channel_max(model: Any, batches: Iterable[np.ndarray]) -> dict[str, np.
 def _smooth(model: Any, manifest: Manifest, files: ImageSet, batch_size: int,
             smooth: str | float) -> tuple[Any, dict[str, Any] | None]:
     """SmoothQuant-style migration (graph.smooth) before the ranges are taken: "auto" applies it at strength 0.5 where
-    a LayerNorm output feeding the quantized GEMMs has an inter-channel spread over checks.numerics' INT8 limit (16:
-    per-tensor INT8 would leave its median channel under 8 levels); a number is the strength, always applied; "off"
-    never. Exact in FP32 (initializers only), and the Q/DQ placed afterwards fuse as before. Returns the model and the
-    manifest's record (None: no LayerNorm it can edit, or off)."""
-    from vitdeploy.checks.numerics import SPREAD_LIMIT
+    a LayerNorm output feeding the quantized GEMMs has an inter-channel spread over the INT8 limit numerics flags
+    (core.defaults.SPREAD_LIMIT, 16: per-tensor INT8 would leave its median channel under 8 levels); a number is the
+    strength, always applied; "off" never. Exact in FP32 (initializers only), and the Q/DQ placed afterwards fuse as
+    before. Returns the model and the manifest's record (None: no LayerNorm it can edit, or off)."""
     from vitdeploy.graph.smooth import DEFAULT_ALPHA, sites
     from vitdeploy.graph.smooth import smooth as migrate
 
