@@ -82,8 +82,8 @@ def cached_folder(key: str, make: Callable[[Path], None]) -> Path:
 
 def digits_key() -> str:
     # what training reads: the model, its data and the preprocessing (not every core module, which change often)
-    return "ckpt-" + code_hash(["model/vit.py", "model/train.py", "model/data.py", "model/checkpoint.py",
-                                "core/preprocess.py"], DIGITS_TRAIN)
+    return "ckpt-" + code_hash(["model/vit.py", "model/train.py", "model/data.py", "model/digits_split.py",
+                                "model/checkpoint.py", "core/preprocess.py"], DIGITS_TRAIN)
 
 
 def onnx_key() -> str:

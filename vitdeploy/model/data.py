@@ -14,7 +14,7 @@ from vitdeploy.core.preprocess import ImageReadError, Preprocess, list_images, l
 
 DIGITS_NAME = "digits"
 DIGITS_LABELS = [str(i) for i in range(10)]
-DIGITS_VAL_FRACTION = 0.2
+DIGITS_VAL_FRACTION = 0.2  # the split in model/digits_split.py: these, and scikit-learn's train_test_split
 DIGITS_SPLIT_SEED = 0
 
 
@@ -44,23 +44,46 @@ class Dataset:
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
-def digits_images() -> tuple[list[Image.Image], np.ndarray]:
-    """scikit-learn's 1,797 handwritten digit scans (8x8, 17 grey levels) as 8-bit grey images."""
-    from sklearn.datasets import load_digits
+def _digits_csv() -> Path | None:
+    """The CSV file that scikit-learn's ``load_digits`` reads, found without importing scikit-learn."""
+    import importlib.util
 
-    d = load_digits()
-    imgs = [Image.fromarray(np.round(x * (255.0 / 16.0)).astype(np.uint8)) for x in d.images]
-    return imgs, d.target.astype(np.int64)
+    spec = importlib.util.find_spec("sklearn")  # a top-level package is found, not run
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(folder) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            return path
+    return None
+
+
+def digits_images() -> tuple[list[Image.Image], np.ndarray]:
+    """scikit-learn's 1,797 handwritten digit scans (8x8, 17 grey levels) as 8-bit grey images.
+
+    Read from the file scikit-learn ships, as its ``load_digits`` reads it: importing scikit-learn (it imports
+    SciPy) cost 0.7 CPU-s, ten times the reading (``tests/test_digits.py`` compares the two)."""
+    path = _digits_csv()
+    if path is None:  # a scikit-learn that keeps its data elsewhere: ask it
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        pixels, target = d.images, d.target
+    else:
+        import gzip
+
+        with gzip.open(path, "rt") as f:
+            data = np.loadtxt(f, delimiter=",")
+        pixels, target = data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
+    imgs = [Image.fromarray(np.round(x * (255.0 / 16.0)).astype(np.uint8)) for x in pixels]
+    return imgs, target.astype(np.int64)
 
 
 def digits_split() -> tuple[np.ndarray, np.ndarray]:
-    """The fixed stratified train/val split of the digits set (indices)."""
-    from sklearn.model_selection import train_test_split
+    """The fixed stratified train/val split of the digits set (indices): ``model/digits_split.py`` says how it was
+    drawn."""
+    from vitdeploy.model.digits_split import COUNT, VAL_INDICES
 
-    _, y = digits_images()
-    idx = np.arange(len(y))
-    tr, va = train_test_split(idx, test_size=DIGITS_VAL_FRACTION, random_state=DIGITS_SPLIT_SEED, stratify=y)
-    return np.sort(tr), np.sort(va)
+    va = np.asarray(VAL_INDICES, dtype=np.int64)
+    return np.setdiff1d(np.arange(COUNT), va), va
 
 
 def load_digits_dataset(pp: Preprocess) -> Dataset:
