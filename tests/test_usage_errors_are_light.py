@@ -1,8 +1,9 @@
 """A bad option value is refused before torch is imported, where the check needs no torch (DESIGN: heavy imports
 where they are used): one line, the documented exit code, in a third of a second instead of 1.5 s.
 
-The checks are the library's own (``model.train_options.check_options``, ``stages.export.check_opset``,
-``core.fileio.check_output``), made by the CLI before it imports the modules that need torch.
+The checks are the library's own (``model.train_options.check_options``, ``model.presets.get_preset``,
+``stages.export.check_opset``, ``core.fileio.check_output``), made by the CLI before it imports the modules that need
+torch.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ REFUSED = [
     (["train", "--image-size", "0", "-o", "t.pth"], 2, "error: --image-size must be at least 1, not 0"),
     (["train", "-o", "t.onnx", "--epochs", "1"], 2, "error: -o t.onnx: a checkpoint is a .pth file, not .onnx"),
     (["train", "--init", "ckpt.pth", "-o", "ckpt.pth"], 2, "error: -o ckpt.pth is the input ckpt.pth"),
+    (["train", "--preset", "vit-gigantic", "-o", "t.pth"], 2, "error: unknown preset 'vit-gigantic': choose one of vit-digits,"),
+    (["benchmark", "--preset", "vit-gigantic"], 2, "error: unknown preset 'vit-gigantic': choose one of vit-digits,"),
     (["import", "ckpt.pth", "-o", "ckpt.pth"], 2, "error: -o ckpt.pth is the input ckpt.pth"),
     (["import", "hf", "-o", "hf/model.safetensors"], 2, "error: -o hf/model.safetensors is a file of the input folder hf"),
     (["export", "img", "--opset", "5"], 2, "error: --opset 5 is below 17"),

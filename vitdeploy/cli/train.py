@@ -17,7 +17,7 @@ from vitdeploy.core.errors import EXIT_PARTIAL
 @handle_errors
 def presets(json_out: Optional[str] = typer.Option(None, "--json", metavar="FILE", help=JSON_HELP)) -> None:
     """List the model presets and their sizes (parameters at 224x224 with 1000 classes)."""
-    from vitdeploy.model.vit import preset_table
+    from vitdeploy.model.presets import preset_table
 
     rows = preset_table()
     if emit_json(rows, json_out):
@@ -216,7 +216,7 @@ def say_model_choice(data_dir: Optional[Path], preset: Optional[str], image_size
     photos would turn a 2-minute run into hours on a CPU without asking)."""
     if preset is not None or start is not None or data_dir is None:
         return
-    from vitdeploy.model.vit import get_preset
+    from vitdeploy.model.presets import get_preset
 
     p = get_preset("vit-digits")
     h, w = p.config.image_size if image_size is None else (image_size, image_size)

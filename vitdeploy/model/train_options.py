@@ -2,8 +2,8 @@
 
 Why a module of its own: the CLI refuses a bad option value (one line, exit 2) before ``model.train`` imports torch
 (1.2 CPU-seconds for a usage error otherwise), and the library makes the same checks for its Python callers. One
-``check_options`` serves both. Only an explicit ``--preset`` is looked up in ``model.vit``, beside the ViT's torch
-modules.
+``check_options`` serves both. An explicit ``--preset`` is looked up in ``model.presets``, which holds the table
+without torch.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def check_options(opts: TrainOptions) -> None:
     if opts.precision is not None and opts.precision not in PRECISIONS:
         raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, not {opts.precision!r}")
     if opts.preset is not None:
-        from vitdeploy.model.vit import UnknownPreset, get_preset
+        from vitdeploy.model.presets import UnknownPreset, get_preset
 
         try:
             get_preset(opts.preset)

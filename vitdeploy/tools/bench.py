@@ -514,8 +514,12 @@ def preset_artifacts(
 ) -> tuple[list[Path], list[str]]:
     """A random-weight checkpoint of the preset, its FP32 ONNX, FP16 ONNX and INT8 ONNX (random-calibrated).
 
-    Returns the artifacts that could be made, and notes on those that could not.
+    Returns the artifacts that could be made, and notes on those that could not. An unknown preset is refused
+    (UnknownPreset, a usage error) before anything imports torch.
     """
+    from vitdeploy.model.presets import get_preset
+
+    pr = get_preset(preset)
     export_onnx, calibrate, convert_fp16 = _pipeline()
     d = Path(folder)
     d.mkdir(parents=True, exist_ok=True)
@@ -532,9 +536,7 @@ def preset_artifacts(
     except VitdeployError as e:
         notes.append(f"FP16 ONNX not made: {e}")
     say("quantizing to INT8 (random calibration images)")
-    from vitdeploy.model.vit import get_preset
-
-    h, w = get_preset(preset).preprocess["input_size"]  # the checkpoint's, without reading it back
+    h, w = pr.preprocess["input_size"]  # the checkpoint's, without reading it back
     size = (int(h), int(w))
     calib = _random_images(d / "calibration", calib_images, size, seed)
     try:

@@ -1,0 +1,196 @@
+"""The ViT's configuration and its presets, each with the preprocessing it was designed for: no torch.
+
+The table is read where no model is built: `vitdeploy presets`, and the refusal of an unknown --preset by train and
+benchmark, which must not pay for importing torch (a second) to say one line. model/vit.py builds the modules from
+these configs and re-exports every name here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from vitdeploy.core.errors import UsageError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    if isinstance(x, int):
+        return (x, x)
+    h, w = x
+    return (int(h), int(w))
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Architecture of a ViT; every field has a default so presets stay short."""
+
+    image_size: tuple[int, int] = (224, 224)
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    mlp_dim: int | None = None
+    qkv_bias: bool = True
+    pool: str = "cls"  # "cls" or "mean"
+    # "norm": LayerNorm over all tokens before pooling (timm's default); "fc_norm": LayerNorm after
+    # pooling (timm's global_pool="avg" models, whose weights name it fc_norm).
+    final_norm: str = "norm"
+    ln_eps: float = 1e-6
+    drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "image_size", _pair(self.image_size))
+        h, w = self.image_size
+        if h % self.patch_size or w % self.patch_size:
+            raise ValueError(
+                f"image size {h}x{w} is not divisible by the patch size {self.patch_size}: "
+                f"choose a size that is a multiple of {self.patch_size}"
+            )
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        if self.pool not in ("cls", "mean"):
+            raise ValueError(f"pool must be 'cls' or 'mean', not {self.pool!r}")
+        if self.final_norm not in ("norm", "fc_norm"):
+            raise ValueError(f"final_norm must be 'norm' or 'fc_norm', not {self.final_norm!r}")
+
+    @property
+    def hidden_dim(self) -> int:
+        return self.mlp_dim if self.mlp_dim is not None else int(self.embed_dim * self.mlp_ratio)
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        return (self.image_size[0] // self.patch_size, self.image_size[1] // self.patch_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["image_size"] = list(self.image_size)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
+        known = {f for f in cls.__dataclass_fields__}
+        kwargs: dict[str, Any] = {k: (tuple(v) if k == "image_size" else v) for k, v in d.items() if k in known}
+        return cls(**kwargs)
+
+    def with_(self, **changes: Any) -> ViTConfig:
+        return replace(self, **changes)
+
+
+# --- presets -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Preset:
+    """An architecture plus the preprocessing it was designed for."""
+
+    name: str
+    config: ViTConfig
+    preprocess: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+def _imagenet_pp(size: int = 224) -> dict[str, Any]:
+    return {
+        "input_size": [size, size],
+        "resize_mode": "shorter",
+        "crop_pct": 0.875,
+        "interpolation": "bicubic",
+        "mean": list(IMAGENET_MEAN),
+        "std": list(IMAGENET_STD),
+        "channel_order": "RGB",
+    }
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset(
+            "vit-digits",
+            ViTConfig(image_size=(32, 32), patch_size=4, embed_dim=96, depth=4, num_heads=4, mlp_ratio=2.0, num_classes=10),
+            {
+                "input_size": [32, 32],
+                "resize_mode": "squash",
+                "crop_pct": 1.0,
+                "interpolation": "bilinear",
+                "mean": [0.5, 0.5, 0.5],
+                "std": [0.5, 0.5, 0.5],
+                "channel_order": "RGB",
+            },
+            "small ViT for the embedded digits demo (32x32, patch 4)",
+        ),
+        Preset("vit-tiny", ViTConfig(embed_dim=192, depth=12, num_heads=3), _imagenet_pp(), "ViT-Ti/16"),
+        Preset("vit-small", ViTConfig(embed_dim=384, depth=12, num_heads=6), _imagenet_pp(), "ViT-S/16"),
+        Preset("vit-base", ViTConfig(embed_dim=768, depth=12, num_heads=12), _imagenet_pp(), "ViT-B/16"),
+        Preset("vit-large", ViTConfig(embed_dim=1024, depth=24, num_heads=16), _imagenet_pp(), "ViT-L/16"),
+        Preset(
+            "vit-huge",
+            ViTConfig(patch_size=14, embed_dim=1280, depth=32, num_heads=16),
+            _imagenet_pp(),
+            "ViT-H/14",
+        ),
+    ]
+}
+
+
+class UnknownPreset(UsageError, ValueError):
+    """A preset name that is not in PRESETS: a usage error (exit 2) wherever a command takes --preset."""
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise UnknownPreset(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}") from None
+
+
+def count_params(cfg: ViTConfig) -> int:
+    """Parameter count computed from the config alone (no weights allocated)."""
+    d, h = cfg.embed_dim, cfg.hidden_dim
+    gh, gw = cfg.grid_size
+    p = cfg.patch_size
+    n = d * cfg.in_chans * p * p + d  # patch embedding
+    n += d + (gh * gw + 1) * d  # cls token, position embeddings
+    per_block = 2 * d + (3 * d * d + (3 * d if cfg.qkv_bias else 0)) + (d * d + d) + 2 * d + (d * h + h) + (h * d + d)
+    n += cfg.depth * per_block
+    n += 2 * d  # final norm
+    if cfg.num_classes > 0:
+        n += d * cfg.num_classes + cfg.num_classes
+    return n
+
+
+def preset_table() -> list[dict[str, Any]]:
+    """Presets with their size at 224x224 and 1000 classes (the literature's reference)."""
+    rows = []
+    for p in PRESETS.values():
+        ref = p.config.with_(image_size=(224, 224), num_classes=1000)
+        rows.append(
+            {
+                "name": p.name,
+                "params": count_params(ref),
+                "params_as_configured": count_params(p.config),
+                "patch_size": p.config.patch_size,
+                "embed_dim": p.config.embed_dim,
+                "depth": p.config.depth,
+                "num_heads": p.config.num_heads,
+                "mlp_dim": p.config.hidden_dim,
+                "image_size": list(p.config.image_size),
+                "description": p.description,
+            }
+        )
+    return rows
+
+
+def gflops(cfg: ViTConfig) -> float:
+    """Approximate forward GFLOPs per image (multiply-adds x2), for the presets table."""
+    n = cfg.grid_size[0] * cfg.grid_size[1] + 1
+    d, h = cfg.embed_dim, cfg.hidden_dim
+    per_block = 2 * n * (3 * d * d + d * d + 2 * d * h) + 2 * 2 * n * n * d
+    return (cfg.depth * per_block + 2 * (n - 1) * d * cfg.in_chans * cfg.patch_size**2) / 1e9 + 0 * math.pi
