@@ -1,9 +1,9 @@
-"""A bad option value is refused before torch is imported, where the check needs no torch (DESIGN: heavy imports
-where they are used): one line, the documented exit code, in a third of a second instead of 1.5 s.
+"""A bad option value or input is refused before torch is imported, where the check needs no torch (DESIGN: heavy
+imports where they are used): one line, the documented exit code, in a third of a second instead of 1.5 s.
 
 The checks are the library's own (``model.train_options.check_options``, ``model.presets.get_preset``,
-``stages.export.check_opset``, ``core.fileio.check_output``), made by the CLI before it imports the modules that need
-torch.
+``stages.export.check_opset``, ``model.sources.check_source``, ``core.fileio.check_output``), made before the modules
+that need torch are imported.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ REFUSED = [
     (["import", "ckpt.pth", "-o", "ckpt.pth"], 2, "error: -o ckpt.pth is the input ckpt.pth"),
     (["import", "hf", "-o", "hf/model.safetensors"], 2, "error: -o hf/model.safetensors is a file of the input folder hf"),
     (["export", "img", "--opset", "5"], 2, "error: --opset 5 is below 17"),
+    (["export", "bad/legacy.pth"], 1, "error: bad/legacy.pth: a legacy torch.save file: re-save it with torch>=1.6's"),
+    (["export", "img"], 1, "error: img is a folder without config.json: pass a vitdeploy checkpoint file, a Hugging"),
 ]
 
 RUN_ALL = """
@@ -47,6 +49,10 @@ def test_refusals_that_need_no_torch_do_not_import_it(tmp_path: Path) -> None:
     (tmp_path / "hf" / "config.json").write_text('{"model_type": "vit"}')
     (tmp_path / "hf" / "model.safetensors").write_bytes(b"the folder's own weights")
     (tmp_path / "img").mkdir()
+    (tmp_path / "bad").mkdir()
+    import torch  # here, in the test's process: the legacy pickle is torch's own
+
+    torch.save({"w": torch.zeros(2)}, tmp_path / "bad" / "legacy.pth", _use_new_zipfile_serialization=False)
     before = sorted(p.name for p in tmp_path.rglob("*"))
     r = subprocess.run([sys.executable, "-c", RUN_ALL, json.dumps([a for a, _, _ in REFUSED])], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)

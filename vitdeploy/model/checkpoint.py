@@ -6,7 +6,6 @@ Importers for other libraries' ViTs (timm, Hugging Face) plug into ``load_model`
 from __future__ import annotations
 
 import json
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import torch
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.core.fileio import atomic_path
 from vitdeploy.core.manifest import CKPT_KEY, Manifest
+from vitdeploy.model.sources import check_checkpoint_file
 from vitdeploy.model.vit import VisionTransformer, ViTConfig
 
 
@@ -129,35 +129,9 @@ def describe_foreign(obj: Any) -> str:
     return f"a {type(obj).__name__} object"
 
 
-# torch.save's legacy (pre-1.6, non-zip) format opens with this number pickled: torch/serialization.py MAGIC_NUMBER
-LEGACY_TORCH_MAGIC = 0x1950A86A20F9469CFC6C
-LEGACY_MESSAGE = "a legacy torch.save file: re-save it with torch>=1.6's zip format"
-
-
-def is_legacy_torch_file(path: str | Path) -> bool:
-    """Whether a file is in torch.save's legacy pickle format (``_use_new_zipfile_serialization=False``)."""
-    with open(path, "rb") as f:
-        head = f.read(32)
-    if not head.startswith(b"\x80") or len(head) < 3:
-        return False
-    magic = LEGACY_TORCH_MAGIC.to_bytes(10, "little")  # pickle's LONG1 opcode (0x8a), 10 bytes, little-endian
-    return b"\x8a\x0a" + magic in head[:16]
-
-
 def load_checkpoint(path: str | Path) -> Checkpoint:
     p = Path(path)
-    if not p.exists():
-        raise VitdeployError(f"{p}: no such checkpoint; train one with `vitdeploy train` or pass its path")
-    if p.is_dir():
-        raise VitdeployError(f"{p} is a folder, not a vitdeploy checkpoint file")
-    if p.stat().st_size == 0:
-        raise VitdeployError(f"{p}: empty file, not a checkpoint")
-    if not zipfile.is_zipfile(p):
-        head = p.read_bytes()[:4]
-        if is_legacy_torch_file(p):
-            raise VitdeployError(f"{p}: {LEGACY_MESSAGE}")
-        what = "a truncated or corrupt checkpoint" if head.startswith(b"PK") else "not a PyTorch checkpoint"
-        raise VitdeployError(f"{p}: {what}; re-create it with `vitdeploy train`")
+    check_checkpoint_file(p)  # missing, a folder, empty, a legacy pickle, not a zip: said without torch (model/sources.py)
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:

@@ -26,12 +26,11 @@ from vitdeploy.model.checkpoint import (
     Checkpoint,
     _from_object,
     describe_foreign,
-    load_checkpoint,
     unwrap_state_dict,
 )
+from vitdeploy.model.sources import HF_CONFIG, LEGACY_MESSAGE, check_source, is_legacy_torch_file
 from vitdeploy.model.vit import IMAGENET_MEAN, IMAGENET_STD, VisionTransformer, ViTConfig
 
-HF_CONFIG = "config.json"
 HF_PREPROCESSOR = "preprocessor_config.json"
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -89,8 +88,6 @@ def torch_load(p: Path) -> Any:
     if p.suffix == ".npz":
         raise VitdeployError(f"{p}: JAX/NumPy .npz weights; load them in timm (which converts them) and save model.state_dict()")
     if not zipfile.is_zipfile(p):
-        from vitdeploy.model.checkpoint import LEGACY_MESSAGE, is_legacy_torch_file
-
         if is_legacy_torch_file(p):
             raise VitdeployError(f"{p}: {LEGACY_MESSAGE}")
         raise VitdeployError(f"{p}: not a PyTorch zip file or a safetensors file (truncated or another format)")
@@ -176,11 +173,6 @@ def _manifest(cfg: ViTConfig, labels: list[str], pp: dict[str, Any], name: str, 
 
 
 # --- Hugging Face --------------------------------------------------------------------------------
-
-
-def is_hf_folder(path: str | Path) -> bool:
-    p = Path(path)
-    return p.is_dir() and (p / HF_CONFIG).is_file()
 
 
 def _hf_state_dict(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
@@ -621,35 +613,21 @@ def load_any(path: str | Path, arch: str | None = None, labels: str | Path | Non
     a timm ViT state dict in a .pth/.bin/.safetensors file or a timm training checkpoint.
     ``labels`` names a file of class names, one per line, replacing the source's.
     """
-    p = Path(path)
-    if p.is_file() and p.name == HF_CONFIG:
-        p = p.parent
+    p = check_source(path, arch)  # what needs no torch (model/sources.py): a plain folder, a missing or non-zip file …
     if p.is_dir():
-        if not is_hf_folder(p):
-            raise VitdeployError(
-                f"{p} is a folder without config.json: pass a vitdeploy checkpoint file, a Hugging Face "
-                "save_pretrained folder, or a timm state dict with --arch"
-            )
-        if arch:
-            raise UsageError(f"--arch {arch}: a Hugging Face folder describes its architecture in config.json; drop --arch")
         return load_hf_folder(p, labels)
-    if not p.exists():
-        raise VitdeployError(f"{p}: no such checkpoint; train one with `vitdeploy train` or pass its path")
     if p.suffix == ".safetensors":
         if arch:
             return load_timm(p, arch, labels)
         sd, _ = read_tensors(p)
         raise VitdeployError(f"{p}: not a vitdeploy checkpoint — {describe_foreign(sd)}")
-    if p.stat().st_size == 0 or not zipfile.is_zipfile(p):
-        ck = load_checkpoint(p)  # names the problem (empty, truncated, not a PyTorch file)
+    obj = torch_load(p)  # a zip file: check_source refused the rest
+    if isinstance(obj, dict) and CKPT_KEY in obj:
+        ck = _from_object(p, obj)
+    elif arch:
+        return load_timm(p, arch, labels, loaded=obj)
     else:
-        obj = torch_load(p)
-        if isinstance(obj, dict) and CKPT_KEY in obj:
-            ck = _from_object(p, obj)
-        elif arch:
-            return load_timm(p, arch, labels, loaded=obj)
-        else:
-            raise VitdeployError(f"{p}: not a vitdeploy checkpoint — {describe_foreign(obj)}")
+        raise VitdeployError(f"{p}: not a vitdeploy checkpoint — {describe_foreign(obj)}")
     if labels is not None:
         ck.manifest.labels = labels_for(labels, ck.manifest.num_classes)
     return ck

@@ -144,6 +144,9 @@ def _torch_export(model: torch.nn.Module, tmpdir: Path, h: int, w: int, opset: i
 
 def _load_model(checkpoint: str | Path, arch: str | None, labels: str | Path | None) -> tuple[Any, Manifest]:
     """The eval-mode model and its manifest; a head-less model or one whose input disagrees with its preprocessing is refused."""
+    from vitdeploy.model.sources import check_source
+
+    check_source(checkpoint, arch)  # a plain folder, a legacy torch.save file …: refused before torch is imported
     from vitdeploy.model.importers import load_any
 
     ck = load_any(checkpoint, arch=arch, labels=labels)
