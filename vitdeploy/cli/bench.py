@@ -63,8 +63,6 @@ def benchmark(
 
     from vitdeploy.core.errors import UsageError
     from vitdeploy.core.fileio import check_output, names_stdout, strict_json, write_text_atomic
-    from vitdeploy.tools.bench import benchmark as run_benchmark
-    from vitdeploy.tools.bench import benchmark_preset, check_settings
 
     if not models and not preset:  # like infer: the folder's artifacts (raw-pixel variants left out)
         from vitdeploy.tools.infer import candidate_models, stale_note
@@ -86,6 +84,9 @@ def benchmark(
         raise UsageError("pass MODEL paths or --preset NAME, not both")
     if not models and not preset:
         raise UsageError("nothing to measure: pass MODEL paths or --preset NAME (e.g. --preset vit-small)")
+    from vitdeploy.tools.bench import benchmark as run_benchmark  # numpy, the runners: after the light refusals
+    from vitdeploy.tools.bench import benchmark_preset, check_settings
+
     check_settings(sizes, warmup, iterations, seconds, threads, device)  # before a preset's artifacts are made
     with Progress(SpinnerColumn(), TextColumn("[bold]benchmark[/] {task.description}"), TimeElapsedColumn(),
                   console=err_console, transient=True, disable=not err_console.is_terminal) as prog:

@@ -42,8 +42,6 @@ def build_engine(
 
     from vitdeploy.core.fileio import check_output
     from vitdeploy.core.targets import check_request, resolve_target
-    from vitdeploy.stages.engine import BuildOptions, EngineNotBuilt
-    from vitdeploy.stages.engine import build_engine as run_build
 
     calib = calib or images
     facts = resolve_target(target)
@@ -53,6 +51,9 @@ def build_engine(
     target = say_target(target)
     if out is not None:
         check_output(out, [model, calib, timing_cache])
+    from vitdeploy.stages.engine import BuildOptions, EngineNotBuilt  # numpy, onnx: after the light refusals
+    from vitdeploy.stages.engine import build_engine as run_build
+
     opts = BuildOptions(
         fp16=fp16, int8=int8, calib=calib, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
         workspace=workspace, timing_cache=timing_cache, dla_core=dla_core, version_compatible=version_compatible,

@@ -42,10 +42,11 @@ def export(
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from vitdeploy.core.fileio import check_output
-    from vitdeploy.stages.export import export_onnx
 
     target = say_target(target)  # resolved once, before any work
     check_output(out, [checkpoint, labels], suffixes=(".onnx",))
+    from vitdeploy.stages.export import export_onnx  # numpy, onnx: after the light refusals
+
     with Progress(
         SpinnerColumn(), TextColumn("[bold]export"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
         console=err_console, transient=True, disable=not err_console.is_terminal,

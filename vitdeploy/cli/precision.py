@@ -42,10 +42,11 @@ def calibrate(
 
     from vitdeploy.core.fileio import check_output
     from vitdeploy.core.naming import precision_name
-    from vitdeploy.stages.precision import calibrate as run_calibrate
 
     target = say_target(target)
     check_output(out or precision_name(model, "int8"), [model], suffixes=(".onnx",))
+    from vitdeploy.stages.precision import calibrate as run_calibrate  # numpy, onnx: after the light refusals
+
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                   TimeElapsedColumn(), console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
         task = prog.add_task("calibrate", total=None, info="")
@@ -114,10 +115,11 @@ def convert_fp16(
     """Convert an ONNX model to FP16: float16 inside, float32 input/output, LayerNorm/Softmax/reductions in float32."""
     from vitdeploy.core.fileio import check_output
     from vitdeploy.core.naming import precision_name
-    from vitdeploy.stages.precision import convert_fp16 as run_convert
 
     target = say_target(target)
     check_output(out or precision_name(model, "fp16"), [model], suffixes=(".onnx",))
+    from vitdeploy.stages.precision import convert_fp16 as run_convert  # numpy, onnx: after the light refusals
+
     dest = run_convert(model, out, target=target, images=images, keep_unsafe=fp32_islands)
     console.print(f"FP16 (LayerNorm, Softmax and reductions kept in float32) → {dest}", highlight=False)
     next_step(f"vitdeploy build-engine {dest}", f"vitdeploy verify {model} {dest} -i IMAGES")

@@ -34,7 +34,6 @@ def verify(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from vitdeploy.checks.verify import verify as run_verify
     from vitdeploy.core.errors import VitdeployError
     from vitdeploy.core.fileio import check_output, names_stdout, strict_json, write_text_atomic
 
@@ -46,6 +45,8 @@ def verify(
         from vitdeploy.checks.report import check_report_dir
 
         check_report_dir(report_dir)  # a user's index.html there is never written over
+    from vitdeploy.checks.verify import verify as run_verify  # numpy, the runners: after the light refusals
+
     with Progress(
         TextColumn("[bold]verify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=err_console, transient=True, disable=not err_console.is_terminal,
