@@ -7,7 +7,6 @@ these configs and re-exports every name here.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -186,11 +185,3 @@ def preset_table() -> list[dict[str, Any]]:
             }
         )
     return rows
-
-
-def gflops(cfg: ViTConfig) -> float:
-    """Approximate forward GFLOPs per image (multiply-adds x2), for the presets table."""
-    n = cfg.grid_size[0] * cfg.grid_size[1] + 1
-    d, h = cfg.embed_dim, cfg.hidden_dim
-    per_block = 2 * n * (3 * d * d + d * d + 2 * d * h) + 2 * 2 * n * n * d
-    return (cfg.depth * per_block + 2 * (n - 1) * d * cfg.in_chans * cfg.patch_size**2) / 1e9 + 0 * math.pi

@@ -23,13 +23,12 @@ from vitdeploy.model.presets import (
     ViTConfig,
     count_params,
     get_preset,
-    gflops,
     preset_table,
 )
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "PRESETS", "Attention", "Block", "Mlp", "PatchEmbed", "Preset", "UnknownPreset",
-    "ViTConfig", "VisionTransformer", "build_model", "count_params", "get_preset", "gflops", "preset_table",
+    "ViTConfig", "VisionTransformer", "build_model", "count_params", "get_preset", "preset_table",
 ]
 
 
