@@ -167,7 +167,9 @@ class AbsHistogram:
         return float(min(self.amax, (i + 1) * self.width))
 
     def entropy(self, levels: int = 128) -> float:
-        """The threshold minimising KL(P‖Q) between the clipped distribution and its 128-level quantization (TensorRT's legacy calibrator)."""
+        """The threshold minimising KL(P‖Q) between the clipped distribution and its 128-level quantization (TensorRT's legacy calibrator).
+
+        What does not depend on the candidate threshold is computed once, before the loop over the candidates."""
         c = self.used().astype(np.float64)
         n = len(c)
         if n <= levels or self.width == 0.0:
@@ -175,23 +177,25 @@ class AbsHistogram:
         best, best_i = np.inf, n
         step = max(1, (n - levels) // 256)
         tail = np.concatenate([np.cumsum(c[::-1])[::-1], [0.0]])  # tail[i] = mass at or beyond bin i
+        nonempty = c > 0
+        nonempty_count = nonempty.astype(np.float64)
+        k = np.arange(levels)
         for i in range(levels, n + 1, step):
             p = c[:i].copy()
             p[i - 1] += tail[i]
-            # quantize the first i bins into `levels` groups, spread each group's mass over its non-empty bins
-            ref = c[:i]
-            starts = np.linspace(0, i, levels + 1).astype(np.int64)[:-1]
-            sums = np.add.reduceat(ref, starts)
-            nonzero = np.add.reduceat((ref > 0).astype(np.float64), starts)
-            group = np.repeat(np.arange(levels), np.diff(np.append(starts, i)))
-            q = np.where(ref > 0, (sums / np.maximum(nonzero, 1.0))[group], 0.0)
+            # quantize the first i bins into `levels` groups (np.linspace(0, i, levels + 1)'s starts), spreading each
+            # group's mass over its non-empty bins
+            starts = (k * (i / levels)).astype(np.int64)
+            mean = np.add.reduceat(c[:i], starts) / np.maximum(np.add.reduceat(nonempty_count[:i], starts), 1.0)
+            q = np.where(nonempty[:i], np.repeat(mean, np.diff(starts, append=i)), 0.0)
             ps, qs = p.sum(), q.sum()
             if ps == 0 or qs == 0:
                 continue
             p /= ps
             q /= qs
             mask = p > 0
-            kl = float(np.sum(p[mask] * np.log(p[mask] / np.maximum(q[mask], 1e-12))))
+            pm = p[mask]
+            kl = float(np.sum(pm * np.log(pm / np.maximum(q[mask], 1e-12))))
             if kl < best:
                 best, best_i = kl, i
         return float(min(self.amax, best_i * self.width))
