@@ -42,7 +42,6 @@ from vitdeploy.model.train_options import (  # noqa: F401 (re-exported: model.tr
     PRECISIONS,
     Dist,
     TrainOptions,
-    UnknownPresetError,
     check_options,
     dist_from_env,
 )

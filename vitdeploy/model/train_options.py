@@ -22,10 +22,6 @@ PRECISIONS = ("bf16", "fp16", "fp32")
 _NOT_CHECKPOINT_SUFFIXES = (".onnx", ".engine", ".plan", ".json", ".txt", ".png", ".jpg")
 
 
-class UnknownPresetError(UsageError, ValueError):
-    """An unknown --preset: a usage error (exit 2) that is also the ValueError get_preset raises."""
-
-
 @dataclass
 class TrainOptions:
     preset: str | None = None
@@ -83,12 +79,9 @@ def check_options(opts: TrainOptions) -> None:
     if opts.precision is not None and opts.precision not in PRECISIONS:
         raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, not {opts.precision!r}")
     if opts.preset is not None:
-        from vitdeploy.model.presets import UnknownPreset, get_preset
+        from vitdeploy.model.presets import get_preset
 
-        try:
-            get_preset(opts.preset)
-        except UnknownPreset as e:
-            raise UnknownPresetError(str(e)) from None
+        get_preset(opts.preset)  # an unknown one raises UnknownPreset, a usage error
     _check_out(Path(opts.out), opts.init)
 
 
