@@ -45,7 +45,8 @@ def check_checkpoint_file(p: Path) -> None:
     if p.stat().st_size == 0:
         raise VitdeployError(f"{p}: empty file, not a checkpoint")
     if not zipfile.is_zipfile(p):
-        head = p.read_bytes()[:4]
+        with open(p, "rb") as f:
+            head = f.read(4)  # not the whole file: a multi-GB file that is no zip is refused as quickly
         if is_legacy_torch_file(p):
             raise VitdeployError(f"{p}: {LEGACY_MESSAGE}")
         what = "a truncated or corrupt checkpoint" if head.startswith(b"PK") else "not a PyTorch checkpoint"
