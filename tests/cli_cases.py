@@ -1,10 +1,11 @@
-"""Many `vitdeploy ARGS` refusals run in one fresh process (not a test module: test modules import it).
+"""Many `vitdeploy ARGS` cases run in one fresh process (not a test module: test modules import it).
 
 Each case goes through ``vitdeploy.__main__.main(argv)``, the function the ``vitdeploy`` console script calls, in
-the folder given, with its exit code, stdout and stderr captured, the files of that folder compared before and
-after, the time it took and whether torch had been imported by then. One process for many refusals: a refusal
-costs about 0.25 CPU-s as its own process (the interpreter and the CLI's imports), a few milliseconds here. The
-real process and its exit status are what ``scripts/probe_bad_inputs.py`` (``tests/test_probe.py``) checks.
+the folder given: its exit code, stdout and stderr, the files of that folder compared before and after, the time it
+took, and the modules imported by then (the process is fresh: what the cases so far needed). One process for many
+refusals: a refusal costs about 0.15-0.25 CPU-s as its own process (the interpreter and the CLI's imports), a few
+milliseconds here. The real process and its exit status are what ``scripts/probe_bad_inputs.py``
+(``tests/test_probe.py``) checks.
 
     python tests/cli_cases.py < cases.json    # what run_cli_cases starts: one JSON row per case on stdout
 """
@@ -31,11 +32,15 @@ class CliCase:
     stderr: str
     seconds: float
     changed: list[str]  # files and folders under the folder that appeared, went or changed
-    torch_loaded: bool  # torch was imported by the end of this case (by it or by an earlier case)
+    modules: list[str]  # every module imported by the end of this case (by it or by an earlier case)
 
     def lines(self) -> list[str]:
         """The non-blank lines on stderr."""
         return [ln for ln in self.stderr.splitlines() if ln.strip()]
+
+    def loaded(self, *names: str) -> list[str]:
+        """Which of these modules or packages (a package with any of its modules) had been imported."""
+        return sorted({n for n in names for m in self.modules if m == n or m.startswith(n + ".")})
 
 
 def run_cli_cases(cases: Sequence[Sequence[str]], cwd: Path, timeout: float = 300) -> list[CliCase]:
@@ -80,7 +85,7 @@ def _main() -> None:
         after = _snapshot(root)
         changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
         row = {"argv": argv, "code": code, "stdout": std.getvalue(), "stderr": err.getvalue(), "seconds": took,
-               "changed": changed, "torch_loaded": "torch" in sys.modules}
+               "changed": changed, "modules": sorted(sys.modules)}
         out.write(json.dumps(row) + "\n")
         out.flush()
 

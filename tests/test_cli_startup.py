@@ -8,11 +8,9 @@ Each check runs in a fresh interpreter: this test's own process has imported eve
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from cli_cases import run_cli_cases
 
 # Never imported by registering the commands or by a --help.
 HEAVY = ("torch", "onnx", "onnxruntime", "openvino", "tensorrt", "numpy", "PIL", "onnxslim", "safetensors")
@@ -29,39 +27,23 @@ LIGHT_REFUSALS = [
     ["benchmark", "model.onnx", "--batch-sizes", "1,,8"],
 ]
 
-PROBE = """
-import contextlib, io, json, sys
+def _commands() -> list[str]:
+    """Every command the app registers (read in this process, which has imported everything anyway)."""
+    import typer.main
 
-def loaded():  # heavy packages by their top-level name, vitdeploy modules by their own
-    return sorted({m if m.startswith("vitdeploy") else m.split(".")[0]
-                   for m in sys.modules if m.split(".")[0] in HEAVY or m.startswith(WORK)})
+    from vitdeploy.cli import app
 
-HEAVY, WORK, REFUSALS = tuple(json.loads(sys.argv[1])), tuple(json.loads(sys.argv[2])), json.loads(sys.argv[3])
-import vitdeploy.cli
-rows = [["import vitdeploy.cli", loaded()]]
-import typer.main
-import vitdeploy.__main__ as m
-commands = sorted(typer.main.get_command(vitdeploy.cli.app).commands)
-for argv in [["--help"]] + [[c, "--help"] for c in commands] + REFUSALS:
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        code = m.main(argv)
-    rows.append([" ".join(["vitdeploy", *argv]) + f" (exit {code})", loaded()])
-print(json.dumps({"rows": rows, "commands": commands}))
-"""
-
-
-def _probe(cwd: Path) -> dict:
-    r = subprocess.run([sys.executable, "-c", PROBE, json.dumps(HEAVY), json.dumps(WORK), json.dumps(LIGHT_REFUSALS)], cwd=cwd,
-                       capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout)
+    return sorted(typer.main.get_command(app).commands)
 
 
 def test_registering_the_commands_every_help_and_light_refusals_import_no_heavy_module(tmp_path: Path) -> None:
-    got = _probe(tmp_path)  # not in the checkout: `python -c` puts the working folder first on sys.path
-    assert len(got["commands"]) >= 15, got["commands"]  # every command registered, train and export among them
-    assert {"train", "export", "calibrate", "numerics", "benchmark", "verify", "infer"} <= set(got["commands"])
-    for what, mods in got["rows"]:
-        assert mods == [], f"{what} imported {', '.join(mods)}"
-    refusals = got["rows"][-len(LIGHT_REFUSALS):]
-    assert all(what.endswith("(exit 2)") for what, _ in refusals), refusals  # each refused, as a usage error
+    commands = _commands()
+    assert len(commands) >= 15, commands  # every command registered, train and export among them
+    assert {"train", "export", "calibrate", "numerics", "benchmark", "verify", "infer"} <= set(commands)
+    cases = [["--help"]] + [[c, "--help"] for c in commands] + LIGHT_REFUSALS
+    rows = run_cli_cases(cases, tmp_path, timeout=120)  # in an empty folder: no check reads a file
+    for r in rows:  # --help first: what registering the commands imports is in its row
+        assert r.loaded(*HEAVY, *WORK) == [], f"vitdeploy {' '.join(r.argv)} imported {', '.join(r.loaded(*HEAVY, *WORK))}"
+    assert all(r.code == 0 and r.stdout.strip() for r in rows[: -len(LIGHT_REFUSALS)])
+    refusals = rows[-len(LIGHT_REFUSALS):]
+    assert all(r.code == 2 for r in refusals), [(r.argv, r.code, r.stderr) for r in refusals]  # usage errors

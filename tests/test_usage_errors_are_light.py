@@ -8,12 +8,11 @@ that need torch are imported.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-# (argv, exit code, the message's start): each run in one process, which must not have imported torch after it
+from cli_cases import run_cli_cases
+
+# (argv, exit code, the message's start): all run in one fresh process, which must not have imported torch after them
 REFUSED = [
     (["train", "--epochs", "-1", "-o", "t.pth"], 2, "error: --epochs must be at least 1, not -1"),
     (["train", "--batch-size", "-8", "-o", "t.pth"], 2, "error: --batch-size must be at least 1, not -8"),
@@ -32,17 +31,6 @@ REFUSED = [
     (["export", "img"], 1, "error: img is a folder without config.json: pass a vitdeploy checkpoint file, a Hugging"),
 ]
 
-RUN_ALL = """
-import contextlib, io, json, sys
-import vitdeploy.__main__ as m
-for argv in json.loads(sys.argv[1]):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        code = m.main(argv)
-    print(json.dumps([code, err.getvalue(), "torch" in sys.modules]))
-"""
-
-
 def test_refusals_that_need_no_torch_do_not_import_it(tmp_path: Path) -> None:
     (tmp_path / "ckpt.pth").write_bytes(b"a checkpoint (never read: the output check refuses first)")
     (tmp_path / "hf").mkdir()
@@ -54,13 +42,9 @@ def test_refusals_that_need_no_torch_do_not_import_it(tmp_path: Path) -> None:
 
     torch.save({"w": torch.zeros(2)}, tmp_path / "bad" / "legacy.pth", _use_new_zipfile_serialization=False)
     before = sorted(p.name for p in tmp_path.rglob("*"))
-    r = subprocess.run([sys.executable, "-c", RUN_ALL, json.dumps([a for a, _, _ in REFUSED])], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in r.stdout.splitlines()]
-    assert len(rows) == len(REFUSED), r.stdout
-    for (argv, code, says), (got, err, torch_loaded) in zip(REFUSED, rows, strict=True):
-        lines = err.strip().splitlines()
-        assert (got, len(lines)) == (code, 1) and lines[0].startswith(says), (argv, got, err)
-        assert not torch_loaded, f"vitdeploy {' '.join(argv)}: torch imported before the refusal"
+    rows = run_cli_cases([argv for argv, _, _ in REFUSED], tmp_path, timeout=120)
+    for (argv, code, says), r in zip(REFUSED, rows, strict=True):
+        assert (r.code, len(r.lines())) == (code, 1) and r.lines()[0].startswith(says), (argv, r.code, r.stderr)
+        assert not r.loaded("torch"), f"vitdeploy {' '.join(argv)}: torch imported before the refusal"
+        assert r.changed == [], (argv, r.changed)
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
