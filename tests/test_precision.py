@@ -86,6 +86,18 @@ def test_int8_meets_drop_and_agreement_targets(guarded, work: Path, digits_folde
     assert not np.allclose(q, ref, atol=1e-4)  # it really is a different (quantized) computation
 
 
+def test_guard_logits_take_a_path_an_artifact_or_a_model_in_memory(work: Path) -> None:
+    """scripts/bench_precision.py passes paths; the guard passes models in memory: the same logits either way."""
+    from vitdeploy.checks.guard import logits
+    from vitdeploy.core.artifact import OnnxArtifact
+
+    x = np.random.default_rng(0).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    path = work / "model.onnx"
+    want = _logits(path, x)
+    for model in (path, str(path), OnnxArtifact(path), onnx.load(str(path))):
+        np.testing.assert_array_equal(logits(model, x), want)
+
+
 def test_int8_manifest_records_the_choices(int8, work: Path) -> None:
     from vitdeploy.core.fileio import sha256_file
     from vitdeploy.runners import open_runner

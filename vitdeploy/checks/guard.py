@@ -85,9 +85,14 @@ def logits(model: Any, x: np.ndarray, batch_size: int = 64, backend: str = "onnx
 
 
 def _manifest_of(model: Any) -> Manifest | None:
-    from vitdeploy.core.artifact import manifest_from_onnx
+    """The manifest of a model given as a path, an OnnxArtifact or an onnx.ModelProto (None when it has none)."""
+    from vitdeploy.core.artifact import OnnxArtifact, manifest_from_onnx
 
     try:
+        if isinstance(model, OnnxArtifact):
+            return model.manifest
+        if isinstance(model, (str, Path)):
+            return OnnxArtifact.open_manifest(model)
         return manifest_from_onnx(model, "the model in memory")
     except VitdeployError:
         return None
