@@ -244,9 +244,10 @@ EARLIER = b"the best epoch of an earlier, interrupted run"
 # ------------------------------------------------------------------ the scratch folder
 
 
-def make_scratch(root: Path, code: Path, ckpt: Path | None = None) -> None:
-    """A digits checkpoint (``ckpt``, copied, else one trained for an epoch), its ONNX export, real digit images, a
-    broken PNG and a decompression bomb."""
+def make_scratch(root: Path, code: Path, ckpt: Path | None = None, onnx: Path | None = None) -> None:
+    """A digits checkpoint (``ckpt``, copied, else one trained for an epoch), its ONNX export (``onnx``, copied: a
+    caller that already has ``vitdeploy export``'s output of ``ckpt`` saves the export), real digit images, a broken
+    PNG and a decompression bomb."""
     import numpy as np
     from PIL import Image
 
@@ -263,8 +264,11 @@ def make_scratch(root: Path, code: Path, ckpt: Path | None = None) -> None:
         + "write_digits(r / 'digits')\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True, env=env, capture_output=True, timeout=600)
-    subprocess.run([sys.executable, "-m", "vitdeploy", "export", "ckpt.pth", "--no-check"], cwd=root, env=env,
-                   check=True, capture_output=True, timeout=600)
+    if onnx is not None and ckpt is not None:
+        shutil.copyfile(onnx, root / "model.onnx")
+    else:
+        subprocess.run([sys.executable, "-m", "vitdeploy", "export", "ckpt.pth", "--no-check"], cwd=root, env=env,
+                       check=True, capture_output=True, timeout=600)
     val = sorted((root / "digits" / "val").rglob("*.png"))
     for name in ("img", "img2", "mixed"):
         (root / name).mkdir()
@@ -308,7 +312,7 @@ onnx.save(m, sys.argv[2])
 """
 
 
-def shared_scratch(folder: Path, code: Path, ckpt: Path | None) -> Path:
+def shared_scratch(folder: Path, code: Path, ckpt: Path | None, onnx: Path | None = None) -> Path:
     """The scratch folder made once in ``folder`` (under a lock) and reused as it is by later runs, so the shards of
     one test run make it once. Each run probes a copy of it; delete ``folder`` after changing the code."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -319,7 +323,7 @@ def shared_scratch(folder: Path, code: Path, ckpt: Path | None) -> Path:
             part = folder / "scratch.partial"  # a run killed while making it leaves no half-made scratch
             shutil.rmtree(part, ignore_errors=True)
             part.mkdir()
-            make_scratch(part, code, ckpt)
+            make_scratch(part, code, ckpt, onnx)
             part.rename(made)
     return made
 
