@@ -195,19 +195,6 @@ def test_accumulation_in_one_process_equals_the_whole_batch() -> None:
         torch.testing.assert_close(b.state_dict()[k], v, rtol=1e-5, atol=1e-6)
 
 
-def test_options_through_a_short_run(tmp_path: Path) -> None:
-    # in its own process, as a user runs it: DataLoader workers started inside the test process, after other tests
-    # had loaded OpenVINO there, left it to die of SIGSEGV at the next child's exit (the whole suite with it)
-    out = tmp_path / "ck.pth"
-    code = ("from pathlib import Path; from vitdeploy.model.train import TrainOptions, train\n"
-            "r = train(None, TrainOptions(image_size=16, patch_size=4, epochs=1, batch_size=32, accum_steps=2, "
-            f"workers=1, precision='fp32', out=Path({str(out)!r})))\n"
-            "assert r.precision == 'fp32'\n")
-    r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert out.exists() and load_checkpoint(out).manifest.training["accum_steps"] == 2
-
-
 # --- rendezvous -----------------------------------------------------------------------------------------------
 
 
@@ -333,34 +320,69 @@ def test_gpu_tests_skip_with_a_reason_here() -> None:
 # --- decoding in DataLoader workers ---------------------------------------------------------------------------
 
 
-_WORKERS_CHECK = """
-import sys
+# Runs that start DataLoader workers, in one process of their own, as a user's run has them: workers started inside
+# the test process, after other tests had loaded OpenVINO there, left it to die of SIGSEGV at the next child's exit
+# (the whole suite with it). One process for both checks: each would otherwise pay torch's start-up again.
+_IN_A_PROCESS = """
+import sys, traceback
 from pathlib import Path
 import numpy as np
 from vitdeploy.core.preprocess import Preprocess
 from vitdeploy.model.data import load_image_folder
 from vitdeploy.model.train import TrainOptions, _load_folder, train
 from vitdeploy.model.vit import get_preset
-root, out = Path(sys.argv[1]), Path(sys.argv[2])
-pp = Preprocess.from_dict({**get_preset("vit-digits").preprocess, "input_size": [16, 16]})
-a, b = load_image_folder(root, pp, 0.2, 0), _load_folder(root, pp, 0.2, 0, workers=2)
-for sa, sb in ((a.train, b.train), (a.val, b.val)):
-    assert sa.paths == sb.paths and np.array_equal(sa.labels, sb.labels)
-    assert all(np.array_equal(x, y) for x, y in zip(sa.images, sb.images, strict=True))
-assert [Path(p).name for p, _ in b.skipped] == ["broken.png"] == [Path(p).name for p, _ in a.skipped]
-r = train(root, TrainOptions(image_size=16, patch_size=4, epochs=1, batch_size=8, workers=2, out=out))
-assert [Path(p).name for p, _ in r.skipped] == ["broken.png"]
+root, work = Path(sys.argv[1]), Path(sys.argv[2])
+
+
+def options_through_a_short_run():
+    r = train(None, TrainOptions(image_size=16, patch_size=4, epochs=1, batch_size=32, accum_steps=2, workers=1,
+                                 precision="fp32", out=work / "ck.pth"))
+    assert r.precision == "fp32"
+
+
+def workers_decode():
+    pp = Preprocess.from_dict({**get_preset("vit-digits").preprocess, "input_size": [16, 16]})
+    a, b = load_image_folder(root, pp, 0.2, 0), _load_folder(root, pp, 0.2, 0, workers=2)
+    for sa, sb in ((a.train, b.train), (a.val, b.val)):
+        assert sa.paths == sb.paths and np.array_equal(sa.labels, sb.labels)
+        assert all(np.array_equal(x, y) for x, y in zip(sa.images, sb.images, strict=True))
+    assert [Path(p).name for p, _ in b.skipped] == ["broken.png"] == [Path(p).name for p, _ in a.skipped]
+    r = train(root, TrainOptions(image_size=16, patch_size=4, epochs=1, batch_size=8, workers=2, out=work / "o.pth"))
+    assert [Path(p).name for p, _ in r.skipped] == ["broken.png"]
+
+
+for check in (options_through_a_short_run, workers_decode):
+    try:
+        check()
+        print(check.__name__, "passed", flush=True)
+    except Exception:
+        print(check.__name__, "failed:", traceback.format_exc(), flush=True)
 """
 
 
-def test_workers_decode_the_folder_and_name_an_unreadable_file_once(mixed_mode_folder: Path, tmp_path: Path) -> None:
-    # in a process of its own (see test_options_through_a_short_run): DataLoader workers, as a user's run has them
-    root = tmp_path / "d"
+@pytest.fixture(scope="module")
+def worker_runs(mixed_mode_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """(the work folder, the output) of ``_IN_A_PROCESS`` on a copy of the mixed-mode folder with a broken PNG."""
+    work = tmp_path_factory.mktemp("workers")
+    root = work / "d"
     shutil.copytree(mixed_mode_folder, root)
     (root / "class_1" / "broken.png").write_bytes(b"\x89PNG not really")
-    r = subprocess.run([sys.executable, "-c", _WORKERS_CHECK, str(root), str(tmp_path / "o.pth")], env=_env(),
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", _IN_A_PROCESS, str(root), str(work)], env=_env(), capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+    return work, r.stdout
+
+
+def test_options_through_a_short_run(worker_runs: tuple[Path, str]) -> None:
+    work, out = worker_runs
+    assert "options_through_a_short_run passed" in out, out[-3000:]
+    assert load_checkpoint(work / "ck.pth").manifest.training["accum_steps"] == 2
+
+
+def test_workers_decode_the_folder_and_name_an_unreadable_file_once(worker_runs: tuple[Path, str]) -> None:
+    work, out = worker_runs
+    assert "workers_decode passed" in out, out[-3000:]
+    assert (work / "o.pth").exists()
 
 
 def test_cli_reports_a_worker_skipped_file_once_and_exits_3(mixed_mode_folder: Path, tmp_path: Path) -> None:
