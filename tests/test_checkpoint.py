@@ -73,3 +73,18 @@ def test_non_checkpoint_files(tmp_path: Path) -> None:
 def test_config_round_trip() -> None:
     cfg = ViTConfig(image_size=(32, 48), patch_size=8, embed_dim=32, depth=1, num_heads=2, pool="mean")
     assert ViTConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_a_build_skips_the_random_fill_it_overwrites(monkeypatch: pytest.MonkeyPatch) -> None:
+    """weight_init="skip" leaves out the truncated-normal fill (a build loads the weights next); the default keeps it."""
+    calls: list[int] = []
+    real = torch.nn.init.trunc_normal_
+    monkeypatch.setattr(torch.nn.init, "trunc_normal_", lambda t, *a, **k: calls.append(1) or real(t, *a, **k))
+    cfg = get_preset("vit-digits").config.with_(depth=2)
+    skipped, filled = VisionTransformer(cfg, weight_init="skip"), len(calls)
+    VisionTransformer(cfg)
+    assert filled == 0 and len(calls) > 0
+    assert {k: v.shape for k, v in skipped.state_dict().items()} == {
+        k: v.shape for k, v in VisionTransformer(cfg).state_dict().items()}
+    with pytest.raises(ValueError, match="weight_init"):
+        VisionTransformer(cfg, weight_init="jax")

@@ -26,7 +26,7 @@ class Checkpoint:
     train_state: dict[str, Any] | None = None
 
     def build(self) -> VisionTransformer:
-        model = VisionTransformer(ViTConfig.from_dict(self.manifest.model))
+        model = VisionTransformer(ViTConfig.from_dict(self.manifest.model), weight_init="skip")  # loaded next
         model.load_state_dict(self.state_dict)
         return model.eval()
 
