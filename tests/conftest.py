@@ -9,6 +9,7 @@ change re-makes them and a fresh clone makes them once. Session artifacts are sh
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
@@ -198,6 +199,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     needs = {module(it) for it in items if _ARTIFACT_FIXTURES & set(getattr(it, "fixturenames", ()))}
     items.sort(key=lambda it: module(it) in needs)  # stable: collection order within each group
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Less time in Python's cyclic garbage collector: what exists after collection (torch, onnx, the test modules:
+    about 200,000 objects) is moved out of its reach, and the youngest generation is collected every 10,000 new
+    objects instead of 700 (the protobuf and graph objects of export and calibration come by the hundred thousand).
+    Measured over test_conformance, test_precision, test_export and test_bundle_one_command in one process:
+    3.40 CPU-s in collections before, 1.06 after. Only the test processes: the product's defaults are untouched."""
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
