@@ -165,7 +165,8 @@ def probe_scratch_entry() -> Path:
         assert spec is not None and spec.loader is not None
         probe = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look themselves up
         spec.loader.exec_module(probe)
-        probe.shared_scratch(folder, REPO, ckpt_entry() / "ckpt.pth", fp32_entry() / "model.onnx")
+        (folder / "scratch").mkdir()  # where the script's --scratch looks; cached_folder already locks and renames
+        probe.make_scratch(folder / "scratch", REPO, ckpt_entry() / "ckpt.pth", fp32_entry() / "model.onnx")
 
     script = hashlib.sha256(PROBE_SCRIPT.read_bytes()).hexdigest()
     return cached_folder(f"probe-{code_hash(['**/*.py', '**/*.json'], digits_key(), script)}", make)

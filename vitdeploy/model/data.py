@@ -72,7 +72,7 @@ def digits_images() -> tuple[list[Image.Image], np.ndarray]:
 
         with gzip.open(path, "rt") as f:
             data = np.loadtxt(f, delimiter=",")
-        pixels, target = data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
+        pixels, target = data[:, :-1].reshape(-1, 8, 8), data[:, -1]
     imgs = [Image.fromarray(np.round(x * (255.0 / 16.0)).astype(np.uint8)) for x in pixels]
     return imgs, target.astype(np.int64)
 

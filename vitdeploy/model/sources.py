@@ -25,14 +25,22 @@ def is_hf_folder(path: str | Path) -> bool:
     return p.is_dir() and (p / HF_CONFIG).is_file()
 
 
-def is_legacy_torch_file(path: str | Path) -> bool:
-    """Whether a file is in torch.save's legacy pickle format (``_use_new_zipfile_serialization=False``)."""
+def _read_head(path: str | Path) -> bytes:
     with open(path, "rb") as f:
-        head = f.read(32)
+        return f.read(32)  # not the whole file: a multi-GB file that is no zip is refused as quickly
+
+
+def _legacy_head(head: bytes) -> bool:
+    """Whether a file's first 32 bytes open torch.save's legacy pickle format."""
     if not head.startswith(b"\x80") or len(head) < 3:
         return False
     magic = LEGACY_TORCH_MAGIC.to_bytes(10, "little")  # pickle's LONG1 opcode (0x8a), 10 bytes, little-endian
     return b"\x8a\x0a" + magic in head[:16]
+
+
+def is_legacy_torch_file(path: str | Path) -> bool:
+    """Whether a file is in torch.save's legacy pickle format (``_use_new_zipfile_serialization=False``)."""
+    return _legacy_head(_read_head(path))
 
 
 def check_checkpoint_file(p: Path) -> None:
@@ -45,9 +53,8 @@ def check_checkpoint_file(p: Path) -> None:
     if p.stat().st_size == 0:
         raise VitdeployError(f"{p}: empty file, not a checkpoint")
     if not zipfile.is_zipfile(p):
-        with open(p, "rb") as f:
-            head = f.read(4)  # not the whole file: a multi-GB file that is no zip is refused as quickly
-        if is_legacy_torch_file(p):
+        head = _read_head(p)
+        if _legacy_head(head):
             raise VitdeployError(f"{p}: {LEGACY_MESSAGE}")
         what = "a truncated or corrupt checkpoint" if head.startswith(b"PK") else "not a PyTorch checkpoint"
         raise VitdeployError(f"{p}: {what}; re-create it with `vitdeploy train`")
@@ -72,6 +79,6 @@ def check_source(path: str | Path, arch: str | None = None) -> Path:
         return p
     if not p.exists():
         raise VitdeployError(f"{p}: no such checkpoint; train one with `vitdeploy train` or pass its path")
-    if p.suffix != ".safetensors" and (p.stat().st_size == 0 or not zipfile.is_zipfile(p)):
+    if p.suffix != ".safetensors":
         check_checkpoint_file(p)  # names the problem (empty, legacy, truncated, not a PyTorch file)
     return p

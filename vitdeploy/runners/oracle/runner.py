@@ -186,9 +186,7 @@ def _quantize(node: Any, v: list[np.ndarray], at: dict[str, Any]) -> list[np.nda
     np.rint(q, out=q)
     if np.any(zp):  # adding a zero point of 0 changes no integer (only −0.0 to +0.0): skipped
         q = q + zp.astype(np.float32)
-    if q.shape == x.shape:
-        return [np.clip(q, info.min, info.max, out=q).astype(zp.dtype)]
-    return [np.clip(q, info.min, info.max).astype(zp.dtype)]
+    return [np.clip(q, info.min, info.max, out=q).astype(zp.dtype)]  # q is this op's own buffer
 
 
 def _dequantize(node: Any, v: list[np.ndarray], at: dict[str, Any]) -> list[np.ndarray]:
