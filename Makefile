@@ -7,12 +7,14 @@ BIN := $(VENV)/bin
 # The onnxruntime/TensorRT extra follows the hardware: gpu where an NVIDIA GPU answers, else cpu.
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 EXTRA := $(if $(HAS_GPU),gpu,cpu)
-CONSTRAINTS := $(if $(HAS_GPU),,-c constraints-cpu.txt)
+# The dev/test venv pins the torch + torchvision pair that timm needs (constraints-dev.txt); users' CPU installs use
+# constraints-cpu.txt (README).
+CONSTRAINTS := $(if $(HAS_GPU),,-c constraints-dev.txt)
 DEMO_DIR ?= demo
 
 .PHONY: demo test lint typecheck clean
 
-$(BIN)/.installed-$(EXTRA): pyproject.toml constraints-cpu.txt
+$(BIN)/.installed-$(EXTRA): pyproject.toml constraints-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(CONSTRAINTS) -e ".[$(EXTRA),dev]"
