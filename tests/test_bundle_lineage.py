@@ -41,7 +41,7 @@ def agreement(a: Path, b: Path) -> float:
     return float((res.logits[0].argmax(-1) == res.logits[1].argmax(-1)).mean())
 
 
-def test_retrain_then_bundle_never_ships_the_stale_int8(retrained: Path, tmp_path: Path,
+def test_retrain_then_bundle_never_ships_the_stale_int8(retrained: Path, digits_int8: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from vitdeploy.tools.infer import pick_model, stale_note
 
@@ -64,7 +64,10 @@ def test_retrain_then_bundle_never_ships_the_stale_int8(retrained: Path, tmp_pat
     assert any("model.int8.onnx was stale" in n for n in res.notes), res.notes
     assert not is_stale(int8, OnnxArtifact.open(int8).manifest)
     shipped = tmp_path / "b" / "model.int8.onnx"
-    assert agreement(retrained / "model.onnx", shipped) >= 0.99
+    # The shipped INT8 answers like the new model, unlike the stale one (the earlier model's INT8). The 1-epoch
+    # model's own INT8 agreement depends on the torch build that trained it (99.7% on 2.13.0, 97.2% on 2.14.1).
+    ours, stale = agreement(retrained / "model.onnx", shipped), agreement(retrained / "model.onnx", digits_int8)
+    assert ours >= 0.95 and ours - stale >= 0.2, (ours, stale)
     assert any("model.fp16.onnx was stale" in n for n in res.notes)  # FP16 is converted again as well
     man = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert man["bundle"]["artifacts"]["model.int8.onnx"]["sha256"] == OnnxArtifact.open(int8).sha256

@@ -66,7 +66,9 @@ def _hf_reference(folder: Path, files: list[Path]) -> tuple[np.ndarray, np.ndarr
     """transformers' own preprocessing and logits for the files."""
     from transformers import AutoImageProcessor, ViTForImageClassification
 
-    proc = AutoImageProcessor.from_pretrained(folder)
+    # use_fast=False: transformers 5 picks its torchvision ("fast") processor where torchvision is installed; the
+    # PIL one is the processor the folder's config names (ViTImageProcessor), and the one vitdeploy's PIL path matches.
+    proc = AutoImageProcessor.from_pretrained(folder, use_fast=False)
     model = ViTForImageClassification.from_pretrained(folder).eval()
     imgs = [Image.open(f).convert("RGB") for f in files]
     pixels = proc(images=imgs, return_tensors="pt")["pixel_values"]
