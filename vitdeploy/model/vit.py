@@ -123,7 +123,7 @@ class VisionTransformer(nn.Module):
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
         # Same parameter names as timm: fc_norm only exists (and norm is an Identity) for fc_norm models,
         # so the default model, its state dict and its exported graph are unchanged.
-        fc = cfg.final_norm == "fc_norm"
+        fc = cfg.use_fc_norm
         self.norm = nn.Identity() if fc else nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps)
         self.fc_norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps) if fc else None
         self.head = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
@@ -153,7 +153,7 @@ class VisionTransformer(nn.Module):
         return self.norm(x), attns
 
     def forward_head(self, x: torch.Tensor) -> torch.Tensor:
-        x = x[:, 1:].mean(dim=1) if self.cfg.pool == "mean" else x[:, 0]
+        x = x[:, 1:].mean(dim=1) if self.cfg.global_pool == "avg" else x[:, 0]
         if self.fc_norm is not None:
             x = self.fc_norm(x)
         return self.head(x)
