@@ -47,8 +47,8 @@ def perturb(model: Any, seed: int) -> Any:
     return model.eval()
 
 
-def timm_logits(model: Any, size: tuple[int, int], seed: int) -> tuple[np.ndarray, np.ndarray]:
-    x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(seed))
+def timm_logits(model: Any, size: tuple[int, int], seed: int, batch: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    x = torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         return x.numpy(), model(x).numpy()
 
@@ -76,10 +76,12 @@ def test_timm_state_dict_with_arch_gives_timm_logits(name: str, tmp_path: Path) 
     from vitdeploy.model.importers import load_any
 
     ref = perturb(timm.create_model(name, pretrained=False, num_classes=NUM_CLASSES, weight_init="skip"), seed=7)
-    sd = tmp_path / "weights.pth"
-    torch.save(ref.state_dict(), sd)
+    from safetensors.torch import save_file
+
+    sd = tmp_path / "weights.safetensors"
+    save_file(ref.state_dict(), sd)
     h, w = ref.patch_embed.img_size
-    x, expect = timm_logits(ref, (h, w), seed=1)
+    x, expect = timm_logits(ref, (h, w), seed=1, batch=1)  # one image: at full size the forward is the cost
     del ref
     ck = load_any(sd, arch=name)
     assert ck.manifest.input_size == (h, w) and ck.manifest.num_classes == NUM_CLASSES

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,19 +195,35 @@ def timm_arch(name: str, overrides: dict[str, Any] | None = None) -> TimmArch:
 
 
 def _fit_to_weights(cfg: ViTConfig, sd: dict[str, Any], where: str, arch: str) -> ViTConfig:
-    """The config with the class count the weights' head has (a timm model is trained with any); position embeddings
-    for another input size are named with the size they fit."""
+    """The name's config with what a timm user may change at create_model without changing the name, read from the
+    weights: the class count (``num_classes``), ``global_pool='avg'`` (fc_norm instead of norm) and ``qkv_bias``.
+    Widths, depth, patch size or an input size that differ are named, with the --arch that fits where one can."""
+    pw = sd["patch_embed.proj.weight"]
+    depth = 1 + max((int(k.split(".")[1]) for k in sd if k.startswith("blocks.")), default=-1)
+    got = {"embed_dim": int(pw.shape[0]), "depth": depth, "patch_size": int(pw.shape[-1])}
+    want = {"embed_dim": cfg.embed_dim, "depth": cfg.depth, "patch_size": cfg.patch_size}
+    if got != want:
+        diff = ", ".join(f"{k} {got[k]} (not {want[k]})" for k in want if got[k] != want[k])
+        raise VitdeployError(f"{where}: the weights are not {arch}: {diff}; pass the --arch they were trained as")
     head = sd.get("head.weight")
-    cfg = cfg.with_(num_classes=int(head.shape[0]) if head is not None else 0)
+    changes: dict[str, Any] = {"num_classes": int(head.shape[0]) if head is not None else 0}
+    if "fc_norm.weight" in sd and "norm.weight" not in sd and not cfg.use_fc_norm and cfg.global_pool == "token":
+        changes.update(global_pool="avg", fc_norm=True)  # timm.create_model(name, global_pool='avg')
+    if ("blocks.0.attn.qkv.bias" in sd) != cfg.qkv_bias:
+        changes["qkv_bias"] = "blocks.0.attn.qkv.bias" in sd
+    cfg = cfg.with_(**changes)
     pe = sd.get("pos_embed")
     if pe is not None and pe.ndim == 3 and int(pe.shape[1]) != cfg.pos_embed_len:
         n = int(pe.shape[1]) - (cfg.pos_embed_len - cfg.grid_size[0] * cfg.grid_size[1])
         side = int(round(max(n, 0) ** 0.5))
         if side * side == n and side > 0:
             size = side * cfg.patch_size
+            base = arch.partition(".")[0]
+            hint = re.sub(r"_(\d+)$", f"_{size}", base)
+            fix = f"pass --arch {hint}" if hint != base and hint in _table()["archs"] else "pass the --arch they were trained as"
             raise VitdeployError(
                 f"{where}: the position embeddings are for {size}x{size} inputs, not {arch}'s "
-                f"{cfg.image_size[0]}x{cfg.image_size[1]}; pass the --arch they were trained as"
+                f"{cfg.image_size[0]}x{cfg.image_size[1]}; {fix}"
             )
     return cfg
 
