@@ -16,9 +16,9 @@ from cli_cases import run_cli_cases
 REFUSED = [
     (["train", "--epochs", "-1", "-o", "t.pth"], 2, "error: --epochs must be at least 1, not -1"),
     (["train", "--batch-size", "-8", "-o", "t.pth"], 2, "error: --batch-size must be at least 1, not -8"),
-    (["train", "--lr", "-1", "-o", "t.pth"], 2, "error: --lr must be a positive number, not -1.0"),
+    (["train", "--lr", "-1", "-o", "t.pth"], 2, "error: --lr must be at least 0.0, not -1"),
     (["train", "--val-fraction", "1.0", "-o", "t.pth"], 2, "error: --val-fraction must be between 0 and 1"),
-    (["train", "--label-smoothing", "2", "-o", "t.pth"], 2, "error: --label-smoothing must be in [0, 1), not 2.0"),
+    (["train", "--label-smoothing", "2", "-o", "t.pth"], 2, "error: --label-smoothing must be at most 1.0, not 2"),
     (["train", "--image-size", "0", "-o", "t.pth"], 2, "error: --image-size must be at least 1, not 0"),
     (["train", "-o", "t.onnx", "--epochs", "1"], 2, "error: -o t.onnx: a checkpoint is a .pth file, not .onnx"),
     (["train", "--init", "ckpt.pth", "-o", "ckpt.pth"], 2, "error: -o ckpt.pth is the input ckpt.pth"),
@@ -26,7 +26,7 @@ REFUSED = [
     (["benchmark", "--preset", "vit-gigantic"], 2, "error: unknown preset 'vit-gigantic': choose one of vit-digits,"),
     (["import", "ckpt.pth", "-o", "ckpt.pth"], 2, "error: -o ckpt.pth is the input ckpt.pth"),
     (["import", "hf", "-o", "hf/model.safetensors"], 2, "error: -o hf/model.safetensors is a file of the input folder hf"),
-    (["export", "img", "--opset", "5"], 2, "error: --opset 5 is below 17"),
+    (["export", "img", "--opset", "5"], 2, "error: --opset must be at least 17, not 5"),
     (["export", "bad/legacy.pth"], 1, "error: bad/legacy.pth: a legacy torch.save file: re-save it with torch>=1.6's"),
     (["export", "img"], 1, "error: img is a folder without config.json: pass a vitdeploy checkpoint file, a Hugging"),
 ]

@@ -24,6 +24,7 @@ import numpy as np
 from vitdeploy.checks.metrics import logit_limit, softmax
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.core.fileio import atomic_path, write_text_atomic
+from vitdeploy.core.text import printable
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -190,7 +191,8 @@ figure.thumb img { image-rendering: pixelated; width: 96px; height: 96px; object
 
 
 def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
+    """Text for the page: controls, bidi overrides and line separators escaped (core.text), then HTML-escaped."""
+    return html.escape(printable(x), quote=True)
 
 
 def _pct(x: float | None) -> str:

@@ -11,14 +11,19 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.segment import Segment
 from rich.text import Text
 
 from vitdeploy import __version__
 from vitdeploy.core.errors import EXIT_FAILED, EXIT_USAGE, VitdeployError
+from vitdeploy.core.text import printable
+
+if TYPE_CHECKING:
+    from rich.progress import TextColumn
 
 app = typer.Typer(
     name="vitdeploy",
@@ -29,11 +34,34 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+class SafeConsole(Console):
+    """A console whose written text carries no terminal control: every segment of text (not rich's own cursor and
+    style codes) passes through ``core.text.printable`` with line breaks kept, so a label or file name holding
+    ``\x1b[2J`` or U+202E prints as that escape whatever the command that printed it (issue 31, defect 8). Fields
+    that must stay on one line (labels, paths) are escaped where they are put into a message, newlines included."""
+
+    def _render_buffer(self, buffer: Any) -> str:
+        return super()._render_buffer(
+            Segment(printable(text, keep_newlines=True), style, control) if control is None and text else
+            Segment(text, style, control) for text, style, control in buffer)
+
+
 # Not a terminal (a log, a pipe, CI): wide enough that tables keep artifact names on one line.
 # markup off: messages carry file names, and "[x].png" must print as written; styled text is passed as rich.Text
-console = Console(markup=False) if sys.stdout.isatty() else Console(width=160, markup=False)
+console = SafeConsole(markup=False) if sys.stdout.isatty() else SafeConsole(width=160, markup=False)
 # soft_wrap: a message is one line however long its file name; a log or a pipe must not split a path in two
-err_console = Console(stderr=True, markup=False, soft_wrap=True)
+err_console = SafeConsole(stderr=True, markup=False, soft_wrap=True)
+
+
+def text_column(fmt: str, style: str = "") -> TextColumn:
+    """A progress bar's text column that prints its text as written: rich's default parses it as markup, so a path
+    holding ``[/]`` raised MarkupError on a terminal (and only there: bars are off in a pipe). Every progress bar of
+    the CLI builds its text columns here; the style is given apart, never as markup."""
+    from rich.progress import TextColumn
+
+    return TextColumn(fmt, style=style, markup=False)
 _state = {"debug": False}
 
 
@@ -74,7 +102,8 @@ def main(
 
 def fail(message: str, code: int = EXIT_FAILED) -> None:
     # the message is text, not markup: "vitdeploy[cpu]" must print as written
-    err_console.print(Text.assemble(("error:", "bold red"), f" {message}"), highlight=False, soft_wrap=True)
+    # one line: a label or file name in it keeps its newlines and controls as escapes (core.text)
+    err_console.print(Text.assemble(("error:", "bold red"), f" {printable(message)}"), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

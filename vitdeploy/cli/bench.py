@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors, print_json
+from vitdeploy.cli.app import app, console, err_console, handle_errors, print_json, text_column
+from vitdeploy.cli.options import bounded
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -46,10 +47,10 @@ def benchmark(
     preset: Optional[str] = typer.Option(None, help="Without MODEL: build a random-weight model of this preset, its FP32, FP16 and INT8 ONNX, and measure them all (see `vitdeploy presets`)."),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="Comma-separated batch sizes."),
     backends: Optional[str] = typer.Option(None, help="Comma-separated backends to measure (torch, onnxruntime, openvino, tensorrt). Default: every installed backend that can run each artifact."),
-    warmup: int = typer.Option(3, min=0, help="Untimed calls per row and batch size before measuring."),
-    iterations: Optional[int] = typer.Option(None, min=1, help="Timed calls per row and batch size."),
-    seconds: Optional[float] = typer.Option(None, min=0.0, help="Seconds per row and batch size (default 5 unless --iterations)."),
-    threads: Optional[int] = typer.Option(None, min=1, help="Threads for torch, ONNX Runtime and OpenVINO (default: one per core)."),
+    warmup: int = typer.Option(3, **bounded("warmup_calls"), help="Untimed calls per row and batch size before measuring."),
+    iterations: Optional[int] = typer.Option(None, **bounded("iterations"), help="Timed calls per row and batch size."),
+    seconds: Optional[float] = typer.Option(None, **bounded("seconds"), help="Seconds per row and batch size (default 5 unless --iterations)."),
+    threads: Optional[int] = typer.Option(None, **bounded("threads"), help="Threads for torch, ONNX Runtime and OpenVINO (default: one per core)."),
     device: str = typer.Option("cpu", help="cpu or cuda, for torch and ONNX Runtime rows (engines always run on the GPU)."),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Write {\"results\": [...], \"machine\", \"versions\", ...} to FILE ('-': stdout, without the table)."),
     keep: Optional[Path] = typer.Option(None, help="With --preset: keep the generated artifacts in this folder."),
@@ -59,7 +60,7 @@ def benchmark(
     Each row runs in its own process (ONNX Runtime's and OpenVINO's thread pools slow each other in one) and
     the rows' rounds alternate, so the ratios hold on a busy machine; peak MB is the row process's peak RSS.
     """
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
     from vitdeploy.core.errors import UsageError
     from vitdeploy.core.fileio import check_output, names_stdout, strict_json, write_text_atomic
@@ -88,7 +89,7 @@ def benchmark(
     from vitdeploy.tools.bench import benchmark_preset, check_settings
 
     check_settings(sizes, warmup, iterations, seconds, threads, device)  # before a preset's artifacts are made
-    with Progress(SpinnerColumn(), TextColumn("[bold]benchmark[/] {task.description}"), TimeElapsedColumn(),
+    with Progress(SpinnerColumn(), text_column("benchmark", "bold"), text_column("{task.description}"), TimeElapsedColumn(),
                   console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
         task = prog.add_task("starting")
 

@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors, say_target
-from vitdeploy.cli.options import IMAGES_ALIAS_HELP, TARGET_NAMES
+from vitdeploy.cli.app import app, console, err_console, handle_errors, say_target, text_column
+from vitdeploy.cli.options import IMAGES_ALIAS_HELP, TARGET_NAMES, bounded
 
 
 @app.command()
@@ -22,15 +22,15 @@ def bundle(
     out: Path = typer.Option(Path("bundle"), "--out", "-o", help="Folder to write (replaced only with --force, and only when complete)."),
     precision: Optional[str] = typer.Option(None, help="Precision the engine, run.py, Triton and DeepStream use (default: int8, else fp16, else fp32)."),
     name: Optional[str] = typer.Option(None, help="Triton model name (default: the manifest's name)."),
-    min_batch: int = typer.Option(1, min=1, help="Engine profile: smallest batch."),
-    opt_batch: int = typer.Option(8, min=1, help="Engine profile: the batch TensorRT tunes for; DeepStream's batch-size."),
-    max_batch: int = typer.Option(32, min=1, help="Engine profile: largest batch; Triton's max_batch_size."),
+    min_batch: int = typer.Option(1, **bounded("engine_batch"), help="Engine profile: smallest batch."),
+    opt_batch: int = typer.Option(8, **bounded("engine_batch"), help="Engine profile: the batch TensorRT tunes for; DeepStream's batch-size."),
+    max_batch: int = typer.Option(32, **bounded("engine_batch"), help="Engine profile: largest batch; Triton's max_batch_size."),
     images: Optional[list[Path]] = typer.Option(
         None, "--images", "-i", help="Images (files or folders) for the reference logits run.py --check compares against. "
         "Default: calibration/."
     ),
     check_images: Optional[list[Path]] = typer.Option(None, "--check-images", hidden=True, help=IMAGES_ALIAS_HELP),
-    references: int = typer.Option(16, min=1, max=1000, help="How many reference images to keep (at most 1000)."),
+    references: int = typer.Option(16, **bounded("references"), help="How many reference images to keep (at most 1000)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=f"What the bundle is for: {TARGET_NAMES}. Every model must "
                                          "have been made for it. Default: the models' own target."),
@@ -38,7 +38,7 @@ def bundle(
     fp16: bool = typer.Option(False, "--fp16", help="From a checkpoint: make (or reuse) the FP16 model only, besides FP32."),
 ) -> None:
     """Write a self-contained folder for a Jetson, Triton or DeepStream: ONNX + raw-pixel variants, labels, run.py, build_engine.sh."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
     from vitdeploy.core.errors import UsageError
     from vitdeploy.core.fileio import check_output
@@ -55,7 +55,7 @@ def bundle(
         # one command from a checkpoint: export, INT8 and FP16 beside it (reused while current), verify, pack
         from vitdeploy.stages.prepare import prepare
 
-        with Progress(SpinnerColumn(), TextColumn("[bold]bundle[/] {task.description}"), TimeElapsedColumn(),
+        with Progress(SpinnerColumn(), text_column("bundle", "bold"), text_column("{task.description}"), TimeElapsedColumn(),
                       console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
             task = prog.add_task("starting", total=None)
             prepared = prepare(models[0], check_images[0] if check_images else None, target,
@@ -68,7 +68,7 @@ def bundle(
         name=name, precision=precision, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
         check_images=tuple(check_images or ()), references=references, force=force, target=target,
     )
-    with Progress(SpinnerColumn(), TextColumn("[bold]bundle[/] {task.description}"), TimeElapsedColumn(),
+    with Progress(SpinnerColumn(), text_column("bundle", "bold"), text_column("{task.description}"), TimeElapsedColumn(),
                   console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
         task = prog.add_task("starting", total=None)
         result = make_bundle(models or [], out, opts, progress=lambda msg: prog.update(task, description=msg))

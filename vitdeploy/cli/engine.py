@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step, say_target, styled
-from vitdeploy.cli.options import IMAGES_ALIAS_HELP, TARGET_NAMES
+from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step, say_target, styled, text_column
+from vitdeploy.cli.options import IMAGES_ALIAS_HELP, TARGET_NAMES, bounded
 from vitdeploy.core.errors import EXIT_PARTIAL
 
 
@@ -23,12 +23,12 @@ def build_engine(
     images: Path = typer.Option(Path("calibration"), "--images", "-i", help="Folder of calibration images for --int8 (the FP16/INT8 "
                                 "artifact is also checked against MODEL on up to 64 of them)."),
     calib: Optional[Path] = typer.Option(None, "--calib", hidden=True, help=IMAGES_ALIAS_HELP),
-    min_batch: int = typer.Option(1, min=1, help="Smallest batch of the optimization profile."),
-    opt_batch: int = typer.Option(8, min=1, help="Batch TensorRT tunes for (with --dla-core: the one fixed batch)."),
-    max_batch: int = typer.Option(32, min=1, help="Largest batch; the runner splits larger ones."),
-    workspace: Optional[float] = typer.Option(None, min=0.0, help="Builder workspace limit in GiB (default: TensorRT's)."),
+    min_batch: int = typer.Option(1, **bounded("engine_batch"), help="Smallest batch of the optimization profile."),
+    opt_batch: int = typer.Option(8, **bounded("engine_batch"), help="Batch TensorRT tunes for (with --dla-core: the one fixed batch)."),
+    max_batch: int = typer.Option(32, **bounded("engine_batch"), help="Largest batch; the runner splits larger ones."),
+    workspace: Optional[float] = typer.Option(None, **bounded("workspace_gib"), help="Builder workspace limit in GiB (default: TensorRT's)."),
     timing_cache: Optional[Path] = typer.Option(None, help="Timing cache to read and update (per device and TensorRT version)."),
-    dla_core: Optional[int] = typer.Option(None, min=0, help="Build for this DLA core (Jetson Orin) with GPU fallback; fixed batch."),
+    dla_core: Optional[int] = typer.Option(None, **bounded("dla_core"), help="Build for this DLA core (Jetson Orin) with GPU fallback; fixed batch."),
     version_compatible: bool = typer.Option(False, "--version-compatible", help="Let newer TensorRT runtimes load the plan (8.6+)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Engine file (default: MODEL.<precision>.engine beside MODEL)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=f"What --fp16/--int8 make the artifact for: {TARGET_NAMES}. "
@@ -38,7 +38,7 @@ def build_engine(
 
     Without TensorRT or a CUDA GPU the precision artifact is still written, the commands that finish the job on the target are printed, and the exit code is 3.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TimeElapsedColumn
 
     from vitdeploy.core.fileio import check_output
     from vitdeploy.core.targets import check_request, resolve_target
@@ -59,7 +59,7 @@ def build_engine(
         workspace=workspace, timing_cache=timing_cache, dla_core=dla_core, version_compatible=version_compatible,
         out=out, target=target,
     )
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+    with Progress(SpinnerColumn(), text_column("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
         task = prog.add_task("build-engine", total=None)
 

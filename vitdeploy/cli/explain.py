@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors
+from vitdeploy.cli.app import app, console, err_console, handle_errors, text_column
+from vitdeploy.cli.options import bounded
 from vitdeploy.core.errors import EXIT_PARTIAL
 
 SHOW = 20  # images listed one per line; the rest are counted
@@ -23,9 +24,9 @@ def explain(
     out_dir: Path = typer.Option(Path("attention"), "--out", "-o", help="Folder for the PNGs (<image name>.attention.png)."),
     method: str = typer.Option("rollout", help="rollout (all blocks, Abnar & Zuidema 2020) or last-layer."),
     head_fusion: str = typer.Option("mean", help="How the heads of a block combine: mean, max or min."),
-    discard_ratio: float = typer.Option(0.0, min=0.0, max=1.0, help="Share of the lowest attention weights zeroed per block, in [0, 1)."),
-    top_k: int = typer.Option(3, min=1, help="Predictions shown in the caption."),
-    threads: Optional[int] = typer.Option(None, min=1, help="ONNX Runtime threads (default: one per core)."),
+    discard_ratio: float = typer.Option(0.0, **bounded("fraction"), help="Share of the lowest attention weights zeroed per block, in [0, 1)."),
+    top_k: int = typer.Option(3, **bounded("top_k"), help="Predictions shown in the caption."),
+    threads: Optional[int] = typer.Option(None, **bounded("threads"), help="ONNX Runtime threads (default: one per core)."),
     compare: Optional[list[Path]] = typer.Option(None, "--compare", help="Also explain this copy (e.g. model.int8.onnx; repeatable) into DIR/<its name>/ and measure how closely its maps follow --model's."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="With --compare: write the comparison to FILE."),
 ) -> None:
@@ -35,7 +36,7 @@ def explain(
     (ONNX Runtime, the attention of the deployed graph); unreadable images are listed
     and skipped (exit 3).
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from vitdeploy.core.preprocess import list_images
     from vitdeploy.tools.explain import check_comparable, compare_maps
@@ -52,7 +53,7 @@ def explain(
     check_comparable(model, others)
     dirs = [out_dir / (c.name[: -len(c.suffix)] if c.suffix else c.name) for c in others]
     with Progress(
-        TextColumn("[bold]explain"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        text_column("explain", "bold"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=err_console, transient=True, disable=not err_console.is_terminal,
     ) as prog:
         task = prog.add_task("explain", total=(total * (1 + len(others))) or None)

@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step, say_target
-from vitdeploy.cli.options import TARGET_NAMES
+from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step, say_target, text_column
+from vitdeploy.cli.options import TARGET_NAMES, bounded
 
 _STAGES = {
     "load": "loading the checkpoint",
@@ -25,7 +25,7 @@ _STAGES = {
 def export(
     checkpoint: Path = typer.Argument(Path("ckpt.pth"), help="Checkpoint (vitdeploy, Hugging Face folder, or timm state dict with --arch)."),
     out: Path = typer.Option(Path("model.onnx"), "--out", "-o", help="ONNX model to write (atomically; external data beside it over 2 GB)."),
-    opset: int = typer.Option(17, help="ONNX opset: 17 (TensorRT 8.5/8.6 parse up to 17) or higher."),
+    opset: int = typer.Option(17, **bounded("opset"), help="ONNX opset: 17 (TensorRT 8.5/8.6 parse up to 17) or higher."),
     check: bool = typer.Option(True, "--check/--no-check", help="Parity check against PyTorch after export."),
     images: Optional[Path] = typer.Option(None, "--images", "-i", help="Images for the parity check. Default: calibration/, else the digits set for a digits model, else random inputs."),
     arch: Optional[str] = typer.Option(None, help="Architecture of a foreign state dict (a timm name such as vit_base_patch16_224)."),
@@ -39,7 +39,7 @@ def export(
                                           "in, scaling/mean/std/layout inside the graph (for DeepStream, C++, cameras)."),
 ) -> None:
     """Export a checkpoint to ONNX: input pixel_values [batch, 3, H, W], output logits [batch, classes], manifest inside."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
     from vitdeploy.core.fileio import check_output
 
@@ -48,7 +48,7 @@ def export(
     from vitdeploy.stages.export import export_onnx  # numpy, onnx: after the light refusals
 
     with Progress(
-        SpinnerColumn(), TextColumn("[bold]export"), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+        SpinnerColumn(), text_column("export", "bold"), text_column("{task.fields[info]}"), TimeElapsedColumn(),
         console=err_console, transient=True, disable=not err_console.is_terminal,
     ) as prog:
         task = prog.add_task("export", total=None, info="")

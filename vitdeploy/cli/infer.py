@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from vitdeploy.cli.app import app, check_json_dest, console, emit_json, err_console, handle_errors
-from vitdeploy.cli.options import JSON_HELP
+from vitdeploy.cli.app import app, check_json_dest, console, emit_json, err_console, handle_errors, text_column
+from vitdeploy.cli.options import JSON_HELP, bounded
 from vitdeploy.core.errors import EXIT_PARTIAL
 
 
@@ -18,18 +18,18 @@ def infer(
     images: list[Path] = typer.Argument(..., help="Image files and folders (recursive; .jpg .jpeg .png .bmp .gif .tif .tiff .webp, any case; other and hidden files are ignored)."),
     model: Optional[Path] = typer.Option(None, "--model", "-m", help="Checkpoint, ONNX model or engine. Default: the newest usable one here (engine where TensorRT and a GPU are, else model.int8.onnx, model.onnx, model.fp16.onnx, else ckpt.pth)."),
     backend: str = typer.Option("auto", help="auto (the fastest installed for the artifact: OpenVINO for ONNX on a CPU where installed), torch, onnxruntime, openvino or tensorrt."),
-    batch_size: int = typer.Option(8, "--batch-size", "-b", min=1, help="Images per model call."),
-    top_k: int = typer.Option(5, "--top-k", "-k", min=1, help="Classes to report per image (clamped to the number of classes)."),
+    batch_size: int = typer.Option(8, "--batch-size", "-b", **bounded("batch"), help="Images per model call."),
+    top_k: int = typer.Option(5, "--top-k", "-k", **bounded("top_k"), help="Classes to report per image (clamped to the number of classes)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the results to FILE.csv or FILE.json instead of a table."),
-    threads: Optional[int] = typer.Option(None, min=1, help="Inference threads (default: one per core)."),
-    workers: Optional[int] = typer.Option(None, min=1, help="Reader threads decoding images ahead of the model (default: cores, at most 4)."),
+    threads: Optional[int] = typer.Option(None, **bounded("threads"), help="Inference threads (default: one per core)."),
+    workers: Optional[int] = typer.Option(None, **bounded("reader_threads"), help="Reader threads decoding images ahead of the model (default: cores, at most 4)."),
     json_out: Optional[str] = typer.Option(None, "--json", metavar="FILE", help=JSON_HELP),
 ) -> None:
     """Classify images: top-k labels and scores per image; unreadable files are named and skipped (exit 3)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
     from rich.table import Table
 
-    from vitdeploy.core.fileio import printable_name
+    from vitdeploy.core.text import printable
     from vitdeploy.tools.infer import gather_images, open_model, write_predictions
     from vitdeploy.tools.infer import infer as run_infer
 
@@ -44,7 +44,7 @@ def infer(
         err_console.print(n, highlight=False, soft_wrap=True)
     try:
         with Progress(
-            TextColumn("[bold]infer"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+            text_column("infer", "bold"), BarColumn(), MofNCompleteColumn(), text_column("{task.fields[info]}"),
             TimeElapsedColumn(), console=err_console, transient=True, disable=not err_console.is_terminal,
         ) as prog:
             task = prog.add_task("infer", total=len(paths), info="")
@@ -78,20 +78,20 @@ def infer(
         import os
 
         common = Path(os.path.commonpath([str(pr.path.parent) for pr in result.predictions]))
-        t = Table(show_edge=False, title=f"in {common}" if str(common) not in ("", ".") else None, title_justify="left")
+        t = Table(show_edge=False, title=f"in {printable(common)}" if str(common) not in ("", ".") else None, title_justify="left")
         t.add_column("path", overflow="fold")
         t.add_column("label")
         t.add_column("score", justify="right")
         if result.top_k > 1:
             t.add_column(f"next {result.top_k - 1}")
         for pr in result.predictions:
-            cells = [printable_name(pr.path.relative_to(common) if common != Path() else pr.path), pr.label, f"{pr.score:.3f}"]
+            cells = [printable(pr.path.relative_to(common) if common != Path() else pr.path), printable(pr.label), f"{pr.score:.3f}"]
             if result.top_k > 1:
-                cells.append("  ".join(f"{lab} {sc:.3f}" for lab, sc in zip(pr.labels[1:], pr.scores[1:], strict=True)))
+                cells.append("  ".join(f"{printable(lab)} {sc:.3f}" for lab, sc in zip(pr.labels[1:], pr.scores[1:], strict=True)))
             t.add_row(*cells)
         console.print(t)
     for p, why in result.skipped:
-        err_console.print(f"skipped {printable_name(p)}: {why}", highlight=False, soft_wrap=True)
+        err_console.print(f"skipped {printable(p)}: {why}", highlight=False, soft_wrap=True)
     err_console.print(
         f"{len(result.predictions)} image(s) classified with {result.model} ({result.backend}, {result.precision}) "
         f"at {result.images_per_second:.1f} images/s"

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from vitdeploy.cli.app import app, console, err_console, handle_errors, print_json, styled
+from vitdeploy.cli.options import bounded
 from vitdeploy.core.defaults import SAFETY, SPREAD_LIMIT
 from vitdeploy.core.errors import EXIT_PARTIAL
 
@@ -22,10 +23,10 @@ def _num(v: float | None, fmt: str) -> str:
 def numerics(
     model: Path = typer.Argument(Path("model.onnx"), help="FP32 ONNX model from `vitdeploy export`."),
     images: Path = typer.Option(..., "--images", "-i", help="Folder of images like the deployment's (preprocessed as the manifest says)."),
-    num_images: int = typer.Option(256, min=1, help="Images sampled from --images (all when fewer)."),
-    batch_size: int = typer.Option(32, "--batch-size", "-b", min=1, help="Images per model call."),
-    safety: float = typer.Option(SAFETY, min=1.0, help="Flag FP16 overflow when 65504 / max|x| is under this margin."),
-    spread_limit: float = typer.Option(SPREAD_LIMIT, "--spread-limit", min=1.0, help="Flag INT8 collapse when a quantized tensor's widest channel exceeds the median channel by more than this."),
+    num_images: int = typer.Option(256, **bounded("images"), help="Images sampled from --images (all when fewer)."),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", **bounded("batch"), help="Images per model call."),
+    safety: float = typer.Option(SAFETY, **bounded("factor"), help="Flag FP16 overflow when 65504 / max|x| is under this margin."),
+    spread_limit: float = typer.Option(SPREAD_LIMIT, "--spread-limit", **bounded("factor"), help="Flag INT8 collapse when a quantized tensor's widest channel exceeds the median channel by more than this."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON to FILE ('-': stdout, without the table)."),
     show_all: bool = typer.Option(False, "--all", help="List every watched tensor, not only the flagged ones."),
 ) -> None:

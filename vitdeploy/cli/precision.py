@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step, say_target, styled
-from vitdeploy.cli.options import TARGET_NAMES
+from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step, say_target, styled, text_column
+from vitdeploy.cli.options import TARGET_NAMES, bounded
 from vitdeploy.core.defaults import DEFAULT_METHOD, DEFAULT_QUANTIZE_ATTENTION
 
 
@@ -18,15 +18,15 @@ def calibrate(
     model: Path = typer.Argument(Path("model.onnx"), help="FP32 ONNX model from `vitdeploy export`."),
     images: Path = typer.Option(Path("calibration"), "--images", "-i", help="Folder of calibration images (any size; preprocessed as the model's manifest says)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="INT8 model to write (default: MODEL.int8.onnx beside MODEL)."),
-    num_images: int = typer.Option(512, min=1, help="Images sampled from --images (all when fewer; a warning below 100)."),
-    batch_size: int = typer.Option(32, "--batch-size", "-b", min=1, help="Calibration batch size."),
+    num_images: int = typer.Option(512, **bounded("images"), help="Images sampled from --images (all when fewer; a warning below 100)."),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", **bounded("batch"), help="Calibration batch size."),
     method: str = typer.Option(DEFAULT_METHOD, help="Activation ranges: entropy (KL, TensorRT's legacy calibrator), minmax or percentile (99.99%)."),
     quantize_attention: bool = typer.Option(DEFAULT_QUANTIZE_ATTENTION, "--quantize-attention/--no-quantize-attention", help="Also quantize the two attention matmuls (Q·Kᵀ, P·V)."),
     float_type: Optional[str] = typer.Option(None, "--float", help="Type of everything left unquantized: fp32 (ONNX Runtime on a CPU) or fp16 (TensorRT). Default: the target's (fp16 for trt*, else fp32)."),
-    seed: int = typer.Option(0, help="Seed of the image sample."),
-    max_drop: Optional[float] = typer.Option(None, "--max-drop", min=0.0, max=100.0, help="Top-1 drop budget in points against FP32 on --eval; sensitive layers are kept in float until it fits (exit 1 if it cannot)."),
+    seed: int = typer.Option(0, **bounded("seed"), help="Seed of the image sample."),
+    max_drop: Optional[float] = typer.Option(None, "--max-drop", **bounded("points"), help="Top-1 drop budget in points against FP32 on --eval; sensitive layers are kept in float until it fits (exit 1 if it cannot)."),
     eval_dir: Optional[Path] = typer.Option(None, "--eval", help="Labeled ImageFolder (or one with val/) to measure FP32 vs INT8 top-1 on."),
-    min_agreement: Optional[float] = typer.Option(None, "--min-agreement", min=0.0, max=1.0, help="With --eval: also keep layers in float until INT8's top-1 agrees with FP32's on at least this fraction (e.g. 0.99)."),
+    min_agreement: Optional[float] = typer.Option(None, "--min-agreement", **bounded("fraction"), help="With --eval: also keep layers in float until INT8's top-1 agrees with FP32's on at least this fraction (e.g. 0.99)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=f"What the INT8 model is made for: {TARGET_NAMES}. trt10/trt11: "
                                          "float16 Q/DQ scales and GEMMs, opset 19; ort also quantizes Q·Kᵀ. Default: the model's target, "
                                          "else none (float32 scales: TensorRT 8.x and CPUs)."),
@@ -38,7 +38,7 @@ def calibrate(
     Q/DQ go on both inputs of every encoder linear layer and the patch embedding; LayerNorm, Softmax, GELU and the
     residual stream stay in float. Ranges are cached beside the output (MODEL.int8.calib.json): a rerun reuses them.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from vitdeploy.core.fileio import check_output
     from vitdeploy.core.naming import precision_name
@@ -47,7 +47,7 @@ def calibrate(
     check_output(out or precision_name(model, "int8"), [model], suffixes=(".onnx",))
     from vitdeploy.stages.precision import calibrate as run_calibrate  # numpy, onnx: after the light refusals
 
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+    with Progress(text_column("{task.description}", "bold"), BarColumn(), MofNCompleteColumn(), text_column("{task.fields[info]}"),
                   TimeElapsedColumn(), console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
         task = prog.add_task("calibrate", total=None, info="")
 

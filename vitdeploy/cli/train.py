@@ -8,8 +8,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from vitdeploy.cli.app import app, console, emit_json, err_console, handle_errors, next_step
-from vitdeploy.cli.options import JSON_HELP
+from vitdeploy.cli.app import app, console, emit_json, err_console, handle_errors, next_step, text_column
+from vitdeploy.cli.options import JSON_HELP, bounded
 from vitdeploy.core.errors import EXIT_PARTIAL
 
 
@@ -55,17 +55,17 @@ def datasets(
 def train(
     data_dir: Optional[Path] = typer.Argument(None, help="ImageFolder (class sub-folders, or train/ and val/). Default: the embedded digits set."),
     preset: Optional[str] = typer.Option(None, help="Model preset (see `vitdeploy presets`). Default: vit-digits."),
-    image_size: Optional[int] = typer.Option(None, help="Input size (square), overriding the preset's."),
-    patch_size: Optional[int] = typer.Option(None, help="Patch size, overriding the preset's."),
+    image_size: Optional[int] = typer.Option(None, **bounded("image_size"), help="Input size (square), overriding the preset's."),
+    patch_size: Optional[int] = typer.Option(None, **bounded("patch_size"), help="Patch size, overriding the preset's."),
     pool: Optional[str] = typer.Option(None, help="Head on the 'cls' token or the 'mean' of patch tokens."),
-    epochs: Optional[int] = typer.Option(None, help="Epochs (default 40 on digits, 30 on a folder)."),
+    epochs: Optional[int] = typer.Option(None, **bounded("epochs"), help="Epochs (default 40 on digits, 30 on a folder)."),
     batch_size: int = typer.Option(
-        64, help="Global batch: images per optimizer step, summed over the torchrun processes and --accum-steps."),
-    lr: float = typer.Option(2e-3, help="Peak learning rate (AdamW, warm-up then cosine decay)."),
-    weight_decay: float = typer.Option(0.05, help="AdamW weight decay."),
-    label_smoothing: float = typer.Option(0.1, help="Label smoothing, in [0, 1)."),
+        64, **bounded("batch"), help="Global batch: images per optimizer step, summed over the torchrun processes and --accum-steps."),
+    lr: float = typer.Option(2e-3, **bounded("lr"), help="Peak learning rate (AdamW, warm-up then cosine decay)."),
+    weight_decay: float = typer.Option(0.05, **bounded("weight_decay"), help="AdamW weight decay."),
+    label_smoothing: float = typer.Option(0.1, **bounded("fraction"), help="Label smoothing, in [0, 1)."),
     augment: bool = typer.Option(True, help="Light augmentation (random translation)."),
-    seed: int = typer.Option(0, help="Seed: the same seed gives the same result on CPU."),
+    seed: int = typer.Option(0, **bounded("seed"), help="Seed: the same seed gives the same result on CPU."),
     out: Path = typer.Option(
         Path("ckpt.pth"), "--out", "-o",
         help="Checkpoint to write. The best epoch is kept in OUT.partial and renamed to OUT when the run ends."),
@@ -76,13 +76,13 @@ def train(
     arch: Optional[str] = typer.Option(None, help="timm model name of an --init state dict, e.g. vit_small_patch16_224."),
     labels: Optional[Path] = typer.Option(None, help="Class names of the --init source, one per line."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    val_fraction: float = typer.Option(0.1, help="Validation share when DATA_DIR has no val/ folder, in (0, 1)."),
+    val_fraction: float = typer.Option(0.1, **bounded("fraction"), help="Validation share when DATA_DIR has no val/ folder, in (0, 1)."),
     precision: Optional[str] = typer.Option(
         None, help="bf16, fp16 or fp32 (autocast on CUDA; fp16 with a GradScaler). "
         "Default: bf16 where the GPU has it, else fp16; fp32 on a CPU."),
     workers: Optional[int] = typer.Option(
-        None, help="DataLoader worker processes per process (default: from the core count on CUDA, 0 on a CPU)."),
-    accum_steps: int = typer.Option(1, help="Gradient accumulation: micro-batches per optimizer step."),
+        None, **bounded("train_workers"), help="DataLoader worker processes per process (default: from the core count on CUDA, 0 on a CPU)."),
+    accum_steps: int = typer.Option(1, **bounded("accum_steps"), help="Gradient accumulation: micro-batches per optimizer step."),
 ) -> None:
     """Train a ViT on an image folder or the embedded digits set; writes a self-describing checkpoint.
 
@@ -95,7 +95,6 @@ def train(
         BarColumn,
         MofNCompleteColumn,
         Progress,
-        TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
@@ -122,8 +121,8 @@ def train(
         say_model_choice(data_dir, preset, image_size, init or resume)
     live = main_rank and err_console.is_terminal  # a terminal: a per-batch bar with an ETA; else one line per epoch
     prog = Progress(
-        TextColumn("[bold]train"), TextColumn("{task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+        text_column("train", "bold"), text_column("{task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
+        text_column("{task.fields[info]}"), TimeElapsedColumn(), text_column("ETA"), TimeRemainingColumn(),
         console=err_console, transient=True, disable=not live,
     )
     clock = EpochClock()

@@ -8,7 +8,8 @@ from typing import Optional
 import typer
 from rich.text import Text
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step, print_json, styled
+from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step, print_json, styled, text_column
+from vitdeploy.cli.options import bounded
 from vitdeploy.core.errors import EXIT_PARTIAL
 
 
@@ -23,15 +24,15 @@ def verify(
     candidates: list[Path] = typer.Argument(..., help="Artifacts to compare: checkpoints, .onnx models, engines."),
     images: Path = typer.Option(..., "--images", "-i", help="Images: an ImageFolder (class sub-folders) gives accuracy too; a flat folder agreement only."),
     tolerance: Optional[str] = typer.Option(None, help="Override the per-precision limits: RTOL (e.g. 1e-4) or rtol=R,agreement=A (rtol=none to skip the logit check). Default: fp32 max|Δ| ≤ 1e-4·max(1,max|logit|) and 100% agreement; fp16 1e-2 and 99.9%; int8 99%."),
-    batch_size: int = typer.Option(32, "--batch-size", "-b", min=1, help="Images per model call."),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", **bounded("batch"), help="Images per model call."),
     backend: str = typer.Option("auto", help="auto (each artifact's fastest installed backend), or a backend for the candidates that can run on it (e.g. openvino for ONNX)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write {\"results\": [...]} (reference first) to FILE ('-': stdout, without the table)."),
-    threads: Optional[int] = typer.Option(None, min=1, help="Inference threads (default: one per core)."),
+    threads: Optional[int] = typer.Option(None, **bounded("threads"), help="Inference threads (default: one per core)."),
     report_dir: Optional[Path] = typer.Option(None, "--report", help="Also write an HTML report with plots (index.html + PNGs) into DIR."),
 ) -> None:
     """Compare artifacts on the same images: accuracy, top-1 agreement, |Δlogit|, cosine; exit 1 outside tolerance."""
     from rich import box
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
     from rich.table import Table
 
     from vitdeploy.core.errors import VitdeployError
@@ -48,7 +49,7 @@ def verify(
     from vitdeploy.checks.verify import verify as run_verify  # numpy, the runners: after the light refusals
 
     with Progress(
-        TextColumn("[bold]verify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        text_column("verify", "bold"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=err_console, transient=True, disable=not err_console.is_terminal,
     ) as prog:
         task = prog.add_task("verify", total=None)

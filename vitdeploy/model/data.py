@@ -11,6 +11,7 @@ from PIL import Image
 
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.core.preprocess import ImageReadError, Preprocess, list_images, load_image, resize_crop, to_array
+from vitdeploy.core.text import printable_list
 
 DIGITS_NAME = "digits"
 DIGITS_LABELS = [str(i) for i in range(10)]
@@ -178,10 +179,10 @@ def read_labeled_folder(
         return LabeledImages(r, files, None, notes)
     unknown = [c for c in classes if c not in names]
     if unknown:
-        listed = f"{', '.join(unknown[:5])}{', …' if len(unknown) > 5 else ''}"
+        listed = f"{printable_list(unknown[:5])}{', …' if len(unknown) > 5 else ''}"
         if require:
             raise VitdeployError(
-                f"{r}: class folder(s) {listed} are not among {of} ({', '.join(list(names)[:10])}"
+                f"{r}: class folder(s) {listed} are not among {of} ({printable_list(list(names)[:10])}"
                 f"{', …' if len(names) > 10 else ''}): name the folders as {of}"
             )
         notes.append(f"class folders {listed} are not among {of}: agreement only, no accuracy")

@@ -46,7 +46,7 @@ def read_labels(path: str | Path) -> list[str]:
     """Class names, one per line (blank lines at the end ignored)."""
     p = Path(path)
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        lines = p.read_text(encoding="utf-8-sig").splitlines()  # -sig: a BOM (Notepad) is not part of the first label
     except FileNotFoundError:
         raise UsageError(f"--labels {p}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:

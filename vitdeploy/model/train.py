@@ -12,6 +12,7 @@ replaces the user's previous checkpoint.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import shutil
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 
 from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.fileio import atomic_path, same_file
+from vitdeploy.core.host import die_with_parent, thread_count
 from vitdeploy.core.manifest import Manifest, tool_versions
 from vitdeploy.core.preprocess import ImageReadError, Preprocess, load_image, resize_crop
 from vitdeploy.model.checkpoint import load_checkpoint, save_checkpoint
@@ -272,7 +274,8 @@ def _batches(split: Split, pp: Preprocess, chunks: list[np.ndarray], workers: in
         for idx in chunks:
             yield torch.from_numpy(split.arrays(pp, idx)), torch.from_numpy(split.labels[idx])
         return
-    loader = torch.utils.data.DataLoader(_Batches(split, pp, chunks), batch_size=None, shuffle=False, num_workers=workers, pin_memory=pin)
+    loader = torch.utils.data.DataLoader(_Batches(split, pp, chunks), batch_size=None, shuffle=False, num_workers=workers,
+                                         pin_memory=pin, worker_init_fn=functools.partial(die_with_parent, os.getpid()))
     yield from loader
 
 
@@ -304,7 +307,8 @@ def _decode_in_workers(
     """Decode every file once, in ``workers`` DataLoader processes; unreadable files are skipped and named once."""
     images, labels, paths, skipped = [], [], [], []
     loader = torch.utils.data.DataLoader(
-        _DecodeFiles(items, pp), batch_size=32, shuffle=False, num_workers=workers, collate_fn=_as_list
+        _DecodeFiles(items, pp), batch_size=32, shuffle=False, num_workers=workers, collate_fn=_as_list,
+        worker_init_fn=functools.partial(die_with_parent, os.getpid()),  # no orphan when this run is killed
     )
     for batch in loader:
         for i, arr, why in batch:
@@ -416,7 +420,7 @@ def train(
     micro = opts.batch_size // per_step
     workers = default_workers(d.world_size, device) if opts.workers is None else opts.workers
     if opts.threads:
-        torch.set_num_threads(opts.threads)
+        torch.set_num_threads(thread_count(opts.threads))
     cfg, pp, name, init_state, source = _resolve_model(opts, data_dir)
     if d.active:
         _init_process_group(d, device)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from vitdeploy.core.errors import UsageError
 from vitdeploy.core.fileio import check_output
+from vitdeploy.core.limits import check_range
 
 DEFAULT_PRESET = "vit-digits"
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -76,6 +77,13 @@ def check_options(opts: TrainOptions) -> None:
         raise UsageError(f"--accum-steps must be at least 1, not {opts.accum_steps}")
     if opts.threads is not None and opts.threads < 1:
         raise UsageError(f"--threads must be at least 1, not {opts.threads}")
+    # the ceilings of the CLI's range table, for library callers too (issue 31: a NaN checkpoint from
+    # weight_decay=inf, numpy's raw exception for seed=-1, a fork bomb from workers=10**20)
+    for option, value, idea in (("--epochs", opts.epochs, "epochs"), ("--batch-size", opts.batch_size, "batch"),
+                                ("--weight-decay", opts.weight_decay, "weight_decay"), ("--lr", opts.lr, "lr"),
+                                ("--seed", opts.seed, "seed"), ("--workers", opts.workers, "train_workers"),
+                                ("--accum-steps", opts.accum_steps, "accum_steps"), ("--threads", opts.threads, "threads")):
+        check_range(option, value, idea)
     if opts.precision is not None and opts.precision not in PRECISIONS:
         raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, not {opts.precision!r}")
     if opts.preset is not None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vitdeploy.core.host import thread_count
 from vitdeploy.runners.base import Runner
 
 
@@ -20,7 +21,7 @@ class TorchRunner(Runner):
         ck = load_any(path)
         super().__init__(ck.manifest, path, "fp32")
         if threads:
-            torch.set_num_threads(threads)
+            torch.set_num_threads(thread_count(threads))
         self._torch = torch
         self.device = torch.device(device)
         self.model = ck.build().to(self.device).eval()

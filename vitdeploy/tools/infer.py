@@ -22,6 +22,7 @@ from vitdeploy.core.images import iter_batches
 from vitdeploy.core.manifest import ENGINE_SUFFIXES
 from vitdeploy.core.naming import precision_from_name
 from vitdeploy.core.preprocess import gather_images  # noqa: F401 (gather_images: the CLI's)
+from vitdeploy.core.text import csv_cell
 from vitdeploy.runners import BACKENDS, artifact_kind, open_runner
 
 PRECISION_RANK = {"int8": 0, "fp16": 1, "fp32": 2}
@@ -241,6 +242,7 @@ def infer(
         if top_k > len(labels):
             notes.append(f"--top-k {top_k} is more than the {len(labels)} classes: showing {len(labels)}")
             top_k = len(labels)
+        check_batch_fits(runner.manifest, batch_size)
         res = InferResult(runner.artifact, runner.backend, runner.precision, top_k, notes=notes)
         pp = runner.manifest.pp()
         t0 = time.perf_counter()
@@ -266,6 +268,30 @@ def infer(
         first = f" (e.g. {printable_name(res.skipped[0][0])}: {res.skipped[0][1]})" if res.skipped else ""
         raise VitdeployError(f"none of the {len(paths)} image(s) could be read{first}")
     return res
+
+
+def batch_bytes(manifest: Any, batch_size: int) -> int:
+    """Working memory of one infer batch: the model's (benchmark's activation estimate, twice over for the runtime's
+    buffers, as benchmark counts it) and the decoded float32 images in flight (``iter_batches`` keeps up to three
+    batches: the one running and two decoded ahead)."""
+    from vitdeploy.tools.bench import activation_bytes
+
+    h, w = (int(v) for v in manifest.input_size)
+    return batch_size * (2 * activation_bytes(manifest.model, (h, w)) + 3 * 4 * 3 * h * w)
+
+
+def check_batch_fits(manifest: Any, batch_size: int) -> None:
+    """Refuse, in one line before the first image is decoded, a --batch-size whose working memory is more than this
+    machine has free (issue 31: ``infer -b 100000`` held 6.3 GB on 32x32 images), naming the batch that fits."""
+    from vitdeploy.tools.bench import available_memory
+
+    free = available_memory()
+    need = batch_bytes(manifest, batch_size)
+    if free is None or need <= free:
+        return
+    fit = max(1, free // max(1, batch_bytes(manifest, 1)))
+    raise UsageError(f"--batch-size {batch_size}: one batch would need about {need / 2**30:.1f} GiB and "
+                     f"{free / 2**30:.1f} GiB is free here; use --batch-size {min(fit, batch_size - 1)} or less")
 
 
 # --- output -------------------------------------------------------------------------------------
@@ -296,6 +322,6 @@ def write_predictions(result: InferResult, path: str | Path) -> Path:
         else:
             w = csv.DictWriter(f, fieldnames=result_columns(result.top_k), lineterminator="\n")
             w.writeheader()
-            for pr in result.predictions:
-                w.writerow(pr.row())
+            for pr in result.predictions:  # text cells escaped, formula starts (= + - @) neutralised
+                w.writerow({k: csv_cell(v) for k, v in pr.row().items()})
     return p

@@ -15,6 +15,7 @@ from typing import Any
 
 from vitdeploy.core.errors import UnreadableArtifact, UsageError
 from vitdeploy.core.manifest import Manifest
+from vitdeploy.core.text import printable_list
 
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
@@ -166,7 +167,7 @@ def describe(i: ArtifactInfo) -> list[str]:
     m = i.manifest
     pp = m.pp()
     h, w = pp.input_size
-    labels = ", ".join(m.labels[:10]) + (f", … ({len(m.labels)} in all)" if len(m.labels) > 10 else "")
+    labels = printable_list(m.labels[:10])  # a label is one field on one line: newlines and controls escaped + (f", … ({len(m.labels)} in all)" if len(m.labels) > 10 else "")
     lines = [
         f"{i.path}  ({i.kind}, {m.precision}, target {m.target or 'none (the default graph)'})",
         f"  name           {m.name}",

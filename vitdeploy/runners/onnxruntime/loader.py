@@ -11,7 +11,7 @@ from typing import Any
 
 from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import VitdeployError
-from vitdeploy.core.host import available_cores
+from vitdeploy.core.host import thread_count
 
 CPU = ["CPUExecutionProvider"]
 
@@ -30,7 +30,7 @@ def session_options(threads: int | None = None) -> Any:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.intra_op_num_threads = threads or available_cores()
+    so.intra_op_num_threads = thread_count(threads)
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
     return so

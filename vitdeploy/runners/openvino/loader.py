@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vitdeploy.core.errors import VitdeployError
-from vitdeploy.core.host import available_cores
+from vitdeploy.core.host import thread_count
 
 INSTALL_HINT = "pip install 'vitdeploy[cpu]' (or pip install openvino)"
 
@@ -68,7 +68,7 @@ def compile_config(threads: int | None, float_type: str | None) -> dict[str, Any
     """One stream using every core (the latency setting, as ONNX Runtime's sequential session)."""
     return {
         "PERFORMANCE_HINT": "LATENCY",
-        "INFERENCE_NUM_THREADS": int(threads or available_cores()),
+        "INFERENCE_NUM_THREADS": thread_count(threads),
         "INFERENCE_PRECISION_HINT": precision_hint(float_type),
     }
 

@@ -1,0 +1,93 @@
+"""The range of every numeric option, in one table: the CLI puts each on its Typer option (shown in --help as
+``[1<=x<=2]`` and refused with exit 2 before any work, cli/options.py), and library callers get the same bounds
+from ``check_range``.
+
+Why each ceiling (issue 31): values past them were accepted and then ran for ever, forked hundreds of processes or
+crashed. ``--workers 99999999999999999999`` forked 852 processes in 30 s; ``--threads 100000`` made verify crash
+with SIGSEGV and ONNX Runtime hang (64 intra-op threads on 2 cores already take 1 s per call of a 32x32 model, so
+threads and worker processes stop at the cores this process may use); ``--max-batch 99999999999999999999`` wrote a
+config.pbtxt Triton rejects; ``--epochs/--iterations 1e20`` never end; ``--weight-decay inf`` wrote NaN weights;
+``--seed -1`` reached numpy's seed and failed with its exception.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TypedDict
+
+from vitdeploy.core.errors import UsageError
+from vitdeploy.core.host import available_cores
+
+
+class Bounds(TypedDict):
+    """Inclusive bounds, named as Typer's ``typer.Option(min=..., max=...)`` takes them."""
+
+    min: int | float
+    max: int | float
+
+
+CORES = available_cores()
+SEED_MAX = 2**32 - 1  # numpy's and torch's seeds: 0 .. 2**32 - 1
+BATCH_MAX = 4096  # images per model call, and TensorRT/Triton profile batches (int32 in config.pbtxt, far below)
+
+RANGES: dict[str, Bounds] = {
+    # processes and threads: never more than the cores this process may run on
+    "threads": {"min": 1, "max": CORES},
+    "train_workers": {"min": 0, "max": CORES},  # DataLoader processes per training process
+    "reader_threads": {"min": 1, "max": 64},  # infer's decoding threads (I/O-bound: may exceed the cores)
+    # sizes
+    "batch": {"min": 1, "max": BATCH_MAX},
+    "engine_batch": {"min": 1, "max": BATCH_MAX},
+    "images": {"min": 1, "max": 1_000_000},  # images sampled for calibration or a numerics scan
+    "references": {"min": 1, "max": 1000},
+    "top_k": {"min": 1, "max": 100_000},
+    "image_size": {"min": 1, "max": 4096},
+    "patch_size": {"min": 1, "max": 1024},
+    "accum_steps": {"min": 1, "max": 4096},
+    "opset": {"min": 17, "max": 99},  # stages.export.check_opset narrows the top to what the installed onnx reads
+    "dla_core": {"min": 0, "max": 1},  # Orin and Xavier have DLA cores 0 and 1
+    "workspace_gib": {"min": 0.0, "max": 1024.0},
+    # time
+    "epochs": {"min": 1, "max": 100_000},
+    "warmup_calls": {"min": 0, "max": 100_000},
+    "iterations": {"min": 1, "max": 1_000_000},
+    "seconds": {"min": 0.0, "max": 86_400.0},
+    # numbers of the optimizer and the checks
+    "seed": {"min": 0, "max": SEED_MAX},
+    "lr": {"min": 0.0, "max": 10.0},
+    "weight_decay": {"min": 0.0, "max": 10.0},
+    "fraction": {"min": 0.0, "max": 1.0},
+    "points": {"min": 0.0, "max": 100.0},
+    "factor": {"min": 1.0, "max": 1e6},
+}
+
+
+def bounds(idea: str) -> Bounds:
+    """The range of one idea (KeyError for an idea the table lacks: every numeric option has one)."""
+    return RANGES[idea]
+
+
+def range_message(option: str, value: object, b: Bounds) -> str:
+    """The one wording of an out-of-range value, for the CLI's refusal and ``check_range`` alike."""
+    lo, hi = b["min"], b["max"]
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        kind = "a whole number" if isinstance(lo, int) and isinstance(hi, int) else "a number"
+        return f"{option} takes {kind} from {lo} to {hi}, not {value!r}"
+    if math.isnan(v):
+        return f"{option} must be a number from {lo} to {hi}, not {value}"
+    if v < lo:
+        return f"{option} must be at least {lo}, not {value}"
+    if v > hi:
+        return f"{option} must be at most {hi}, not {value}"
+    return f"{option} takes a number from {lo} to {hi}, not {value!r}"
+
+
+def check_range(option: str, value: int | float | None, idea: str) -> None:
+    """Refuse (UsageError, exit 2) a value outside the idea's range; None (the default) passes."""
+    if value is None:
+        return
+    b = RANGES[idea]
+    if not (b["min"] <= value <= b["max"]):  # NaN fails both comparisons
+        raise UsageError(range_message(option, value, b))
