@@ -339,6 +339,7 @@ def restore(root: Path) -> None:
 
 
 def prepare(root: Path, what: str | None) -> None:
+    prepare_issue31(root, what)
     if what == "adir":
         (root / "adir").mkdir(exist_ok=True)
     elif what == "link":
@@ -503,6 +504,90 @@ def shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+# ================================================================== issue 31, the CLI's share (h7-cli): ranges, text
+# Kept apart from the probes above so the device and lineage sections of issue 31 merge beside it.
+
+HOSTILE_LABELS = ["\x1b[2Jcleared", "two\nlines", "\u202eexe.doc", '=HYPERLINK("http://x")', "+1", "-2", "@sum",
+                  "\ufeffcat", "ok", "[/]"]
+CONTROLS = "\x1b\u202e\ufeff"
+
+
+def issue31_cli_probes() -> list[Probe]:
+    P = Probe
+    big = "99999999999999999999"
+    return [
+        # 7, 15: every numeric option has a range, checked before any work (a run that goes on counts as broken)
+        P(["train", "--workers", big, "-o", "t.pth"], 2, "--workers 10^20 (a fork bomb)", timeout=60),
+        P(["train", "--epochs", big, "-o", "t.pth"], 2, "--epochs 10^20", timeout=60),
+        P(["train", "--weight-decay", "inf", "-o", "t.pth"], 2, "--weight-decay inf (NaN weights)", timeout=60),
+        P(["train", "--seed", "-1", "-o", "t.pth"], 2, "--seed -1", timeout=60),
+        P(["bundle", "model.onnx", "--max-batch", big], 2, "--max-batch 10^20 (Triton rejects)", timeout=60),
+        P(["benchmark", "model.onnx", "--iterations", big + "0"], 2, "--iterations 10^20", timeout=60),
+        P(["benchmark", "model.onnx", "--warmup", "1e20"], 2, "--warmup 1e20", timeout=60),
+        P(["build-engine", "model.onnx", "--workspace", "inf"], 2, "--workspace inf", timeout=60),
+        # 11: --threads has a ceiling (the cores)
+        P(["verify", "model.onnx", "model.onnx", "--images", "img", "--threads", "100000"], 2, "--threads 100000",
+          timeout=60),
+        P(["infer", "img", "--backend", "onnxruntime", "--threads", "100000"], 2, "--threads 100000", timeout=60),
+        P(["explain", "img/a.png", "--model", "model.onnx", "--threads", "100000"], 2, "--threads 100000", timeout=60),
+        P(["benchmark", "model.onnx", "--threads", "100000"], 2, "--threads 100000", timeout=60),
+        # 12b: a batch past the range (or past free memory) is refused before the images are decoded
+        P(["infer", "img", "-m", "model.onnx", "-b", "100000"], 2, "-b 100000", timeout=60),
+        # 8: labels and names are printed as escapes; CSV cells cannot start a formula
+        P(["info", "hostile.onnx"], 0, "labels with escapes, newlines, bidi", setup="hostile", check="no_controls"),
+        P(["infer", "img", "-m", "hostile.onnx", "-k", "10", "-o", "h.csv"], 0, "labels that start formulas",
+          setup="hostile", check="csv_neutral", outputs=["h.csv"]),
+        # 16: a label file's BOM is not part of the first label
+        P(["export", "ckpt.pth", "-o", "l.onnx", "--labels", "bom.txt", "--no-check"], 0, "--labels with a BOM",
+          setup="bom", check="bom_gone", outputs=["l.onnx"], slow=True),
+    ]
+
+
+def _no_controls(p: subprocess.CompletedProcess[str]) -> str | None:
+    bad = [c for c in CONTROLS if c in p.stdout + p.stderr]
+    return f"printed {', '.join(repr(c) for c in bad)}" if bad else None
+
+
+def _csv_neutral(root: Path, p: subprocess.CompletedProcess[str]) -> str | None:
+    import csv
+
+    with (root / "h.csv").open(newline="", encoding="utf-8") as f:
+        cells = [c for row in csv.reader(f) for c in row]
+    formulas = [c for c in cells if c.startswith(("=", "+", "-", "@"))]
+    return f"formula cells {formulas[:3]}" if formulas else _no_controls(p)
+
+
+def _bom_gone(root: Path) -> str | None:
+    import onnx
+
+    m = onnx.load(str(root / "l.onnx"), load_external_data=False)
+    man = json.loads(next(x.value for x in m.metadata_props if x.key == "vitdeploy.manifest"))
+    return None if man["labels"][0] == "zero" else f"first label {man['labels'][0]!r}"
+
+
+def prepare_issue31(root: Path, what: str | None) -> None:
+    if what == "hostile" and not (root / "hostile.onnx").exists():
+        import onnx
+
+        m = onnx.load(str(root / "model.onnx"))
+        for prop in m.metadata_props:
+            if prop.key == "vitdeploy.manifest":
+                man = json.loads(prop.value)
+                man["labels"] = HOSTILE_LABELS
+                prop.value = json.dumps(man)
+        onnx.save(m, str(root / "hostile.onnx"))
+    elif what == "bom":
+        names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+        (root / "bom.txt").write_bytes(("\n".join(names) + "\n").encode("utf-8-sig"))
+
+
+CHECKS.update({
+    "no_controls": lambda r, p, t: _no_controls(p),
+    "csv_neutral": lambda r, p, t: _csv_neutral(r, p),
+    "bom_gone": lambda r, p, t: _bom_gone(r),
+})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fast", action="store_true", help="only the quick probes (CI)")
@@ -520,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scratch", type=Path, metavar="DIR",
                     help="make the scratch folder once in DIR and reuse it when it is there (the shards of a run)")
     a = ap.parse_args(argv)
-    chosen = [p for p in probes() if not (a.fast and p.slow)
+    chosen = [p for p in probes() + issue31_cli_probes() if not (a.fast and p.slow)
               and (not a.only or any(t in f"{p.args[0]} {p.what}" for t in a.only))]
     if a.shard:
         i, n = a.shard

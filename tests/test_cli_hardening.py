@@ -293,3 +293,26 @@ def test_python_warnings_print_as_one_line_each(capsys: pytest.CaptureFixture[st
     assert lines and all(ln.startswith("warning: ") for ln in lines), err
     assert any("decompression bomb" in ln for ln in lines) and not any("Glyph" in ln for ln in lines), err
     assert ".py:" not in err  # no file:line dump
+
+
+# --- also recorded: an animated image is classified by its first frame, and that is said once ------------------------
+
+
+def test_an_animated_image_says_once_that_its_first_frame_is_used(tmp_path: Path) -> None:
+    import warnings
+
+    from PIL import Image
+
+    import vitdeploy.core.preprocess as pre
+
+    frames = [Image.new("RGB", (8, 8), c) for c in ((255, 0, 0), (0, 255, 0), (0, 0, 255))]
+    for name in ("a.gif", "b.gif"):
+        frames[0].save(tmp_path / name, save_all=True, append_images=frames[1:], duration=50, loop=0)
+    pre._FIRST_FRAME_SAID.clear()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        first = pre.load_image(tmp_path / "a.gif")
+        pre.load_image(tmp_path / "b.gif")
+    said = [str(w.message) for w in seen if "animated" in str(w.message)]
+    assert len(said) == 1 and "a.gif is animated (3 frames): its first frame is used" in said[0], said
+    assert first.getpixel((0, 0))[0] > 200  # the first (red) frame

@@ -111,6 +111,23 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
+_FIRST_FRAME_SAID: list[Path] = []
+
+
+def _say_first_frame(path: Path, frames: int) -> None:
+    """An animated GIF/WebP/PNG is classified by its first frame: said once per process (a one-line warning through
+    the CLI's display), naming the first such file, so a folder of GIFs does not print a line per file."""
+    if _FIRST_FRAME_SAID:
+        return
+    _FIRST_FRAME_SAID.append(path)
+    import warnings
+
+    from vitdeploy.core.text import printable
+
+    warnings.warn(f"{printable(path)} is animated ({frames} frames): its first frame is used (and so for any other "
+                  "animated image)", UserWarning, stacklevel=3)
+
+
 def load_image(path: str | Path) -> Image.Image:
     """Open and fully decode an image as RGB, or raise ImageReadError saying why."""
     p = Path(path)
@@ -119,6 +136,8 @@ def load_image(path: str | Path) -> Image.Image:
             raise ImageReadError("empty file")
         with Image.open(p) as im:
             im.load()
+            if getattr(im, "is_animated", False):
+                _say_first_frame(p, int(getattr(im, "n_frames", 0)))
             return to_rgb(im)
     except ImageReadError:
         raise
