@@ -23,9 +23,10 @@ import numpy as np
 from vitdeploy.checks.compare import run_arrays, same_model
 from vitdeploy.checks.metrics import compare, require_finite
 from vitdeploy.core.artifact import OnnxArtifact
-from vitdeploy.core.errors import IncompatibleArtifact, StaleArtifact, UsageError, VitdeployError
-from vitdeploy.core.fileio import TMP_TAG, temp_dir_beside
+from vitdeploy.core.errors import IncompatibleArtifact, SourceChanged, StaleArtifact, UsageError, VitdeployError
+from vitdeploy.core.fileio import printable_name, temp_dir_beside
 from vitdeploy.core.lineage import STALE, remake_command, source_link
+from vitdeploy.core.loaded import changed_message
 from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest, tool_versions
 from vitdeploy.core.naming import ONNX_NAMES, PRECISIONS, calib_cache_name
 from vitdeploy.core.preprocess import list_images, resized_uint8, to_array
@@ -42,6 +43,7 @@ from vitdeploy.stages.bundle_configs import (  # noqa: E402, F401 - the configur
     triton_name,
     write_cpp,
 )
+from vitdeploy.stages.bundle_replace import replace_bundle, written_files
 from vitdeploy.stages.embed import raw_variant_name, write_variant
 
 FORMAT = "vitdeploy-bundle/1"
@@ -80,6 +82,8 @@ class BundleResult:
     # TensorRT line -> precision -> the ONNX build_engine.sh builds there (a no-target bundle: a variant where needed)
     matrix: dict[str, dict[str, str]] = field(default_factory=dict)
     reference_runner: dict[str, str] = field(default_factory=dict)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # unreadable reference images (name, why)
+    kept: list[str] = field(default_factory=list)  # --force: what was in the folder that the bundle did not write
 
 
 def resolve_models(
@@ -308,11 +312,27 @@ def check_target(target: str | None, manifests: dict[Path, Manifest], models: di
 # --- reference images and logits --------------------------------------------------------------------------
 
 
-def reference_images(opts: BundleOptions, manifest: Manifest, folder: Path, cwd: Path) -> tuple[list[Path], str]:
+@dataclass
+class References:
+    """The reference images run.py --check uses: the files copied into the bundle, where they came from, their
+    decoded uint8 HWC arrays (resized and cropped: the raw-pixel variant's input) and the unreadable ones skipped."""
+
+    files: list[Path]
+    source: str
+    images: np.ndarray
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def reference_images(opts: BundleOptions, manifest: Manifest, folder: Path, cwd: Path) -> References:
     """Images for run.py --check, copied into reference/images by the one image rule (ImageSet.for_model: the
-    given folder, calibration/, the digits for a digits model); seeded noise only when it finds none."""
+    given folder, calibration/, the digits for a digits model); seeded noise only when it finds none.
+
+    Each copy is decoded as it will be checked; one that cannot be (empty, truncated, not an image) is named in
+    ``skipped``, its copy removed, and the next image of the set taken in its place. None readable: one line."""
+    from vitdeploy.core.preprocess import ImageReadError
     from vitdeploy.model.imageset import ImageSet
 
+    pp = manifest.pp()
     folder.mkdir(parents=True, exist_ok=True)
     given = list(opts.check_images)
     iset: ImageSet | None
@@ -326,20 +346,37 @@ def reference_images(opts: BundleOptions, manifest: Manifest, folder: Path, cwd:
             raise UsageError(f"no images in {given[0]}")
         iset = ImageSet.for_model(manifest, given[0] if given else None)
     out: list[Path] = []
+    arrays: list[np.ndarray] = []
+    skipped: list[tuple[str, str]] = []
     if iset is not None and len(iset):
         n = min(opts.references, len(iset))
         pick = [int(i * len(iset) / n) for i in range(n)]  # spread over the set (a class folder each, in turn)
-        for k, i in enumerate(pick):
+        picked = set(pick)
+        spare = [i for i in range(len(iset)) if i not in picked]  # taken in order in place of an unreadable pick
+        for i in [*pick, *spare]:
+            if len(out) == n:
+                break
             item = iset.items[i]
+            k = len(out)
             if isinstance(item, Path):
                 dst = folder / f"{k:03d}_{item.name}"
                 shutil.copyfile(item, dst)
             else:  # an in-memory image (the embedded digits)
                 dst = folder / f"{k:03d}_{Path(iset.name_of(i)).name}.png"
                 item.save(dst)
+            try:
+                arrays.append(resized_uint8(dst, pp))  # the copy is decoded: what ships is what was checked
+            except ImageReadError as e:
+                dst.unlink()
+                skipped.append((iset.name_of(i), str(e)))
+                continue
             out.append(dst)
+        if not out:
+            first = f" (e.g. {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+            raise VitdeployError(f"none of the reference images in {iset.source} can be read{first}: pass readable "
+                                 "ones with --images")
         source = f"--images {iset.source}" if given else iset.source
-        return out, source
+        return References(out, source, np.stack(arrays), skipped)
     from PIL import Image
 
     h, w = manifest.input_size
@@ -348,7 +385,9 @@ def reference_images(opts: BundleOptions, manifest: Manifest, folder: Path, cwd:
         dst = folder / f"{i:03d}_noise.png"
         Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(dst)
         out.append(dst)
-    return out, "seeded noise (no --images, no calibration/ folder and not a digits model)"
+        arrays.append(resized_uint8(dst, pp))
+    return References(out, "seeded noise (no --images, no calibration/ folder and not a digits model)",
+                      np.stack(arrays))
 
 
 class _RawRunner(Runner):
@@ -409,23 +448,6 @@ def is_bundle(folder: Path) -> bool:
         return False
 
 
-def _replace_dir(tmp: Path, out: Path, force: bool) -> None:
-    """Move the finished bundle into place; an existing one is replaced only with force, and only now."""
-    if out.exists():
-        if not force:
-            raise UsageError(f"{out} exists; pass --force to replace it, or choose another -o")
-        old = out.with_name(f".{out.name}{TMP_TAG}{os.getpid()}-old")  # a killed run's is removed by the next
-        os.replace(out, old)
-        try:
-            os.replace(tmp, out)
-        except OSError:
-            os.replace(old, out)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
-
-
 def bundle(
     models: Sequence[str | Path],
     out: str | Path = "bundle",
@@ -458,7 +480,7 @@ def bundle(
         from vitdeploy.core.fileio import follow_umask
 
         follow_umask(tmp)  # copies (copymode, copytree) carry the source's mode; the bundle gets the umask's
-        _replace_dir(tmp, out, opts.force)
+        result.kept = replace_bundle(tmp, out, opts.force)
         result.out = out
         return result
     finally:
@@ -494,13 +516,18 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     for prec in precisions:
         dst = root / ONNX_NAMES[prec]
         sha[prec] = _copy_hashed(found[prec], dst)
+        if sha[prec] != arts[prec].sha256:  # re-written (a re-export) since it was read: the bytes packed must be the model read
+            raise SourceChanged(changed_message(found[prec], "bundle"))
+        # from here on the bundle's own copy (the same bytes) is what every runner reads, not the file outside
+        arts[prec] = OnnxArtifact(dst, model=arts[prec].model, manifest=manifests[prec], sha256=sha[prec])
         say(f"folding preprocessing into {dst.name}")
         _add_with_raw(root, dst.name, arts[prec].model, manifests[prec], sha[prec], prec, artifacts, raw_models)
 
     # reference inputs and logits for run.py --check, and the embedded variants checked against their sources
     say("computing reference logits")
-    ref_files, ref_source = reference_images(opts, base, root / "reference" / "images", cwd)
-    images = np.stack([resized_uint8(f, pp) for f in ref_files])
+    refs = reference_images(opts, base, root / "reference" / "images", cwd)
+    ref_files, ref_source, images = refs.files, refs.source, refs.images
+    notes += [f"reference image {printable_name(name)} skipped: {why}" for name, why in refs.skipped]
     np.save(root / "reference" / "inputs.npy", images)
     from PIL import Image
 
@@ -597,7 +624,6 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
             "created_with": tool_versions("onnx", "onnxruntime", "numpy"),
         },
     )
-    (root / "manifest.json").write_text(manifest.to_json(indent=2) + "\n")
 
     values = {
         "NAME": name, "PRECISION": default, "AVAILABLE": " ".join(precisions), "H": h, "W": w,
@@ -615,8 +641,12 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
                                                           "PP": json.dumps(base.preprocess),
                                                           "SUPPORT": support_table(matrix, precisions)}))
     shutil.rmtree(work)
+    # last: every file written with its SHA-256, so a later --force replaces exactly these (stages/bundle_replace.py)
+    manifest.extra["bundle"]["files"] = written_files(root, artifacts)
+    (root / "manifest.json").write_text(manifest.to_json(indent=2) + "\n")
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-    return BundleResult(root, precisions, default, files, embed_err, ref_source, exported, notes, matrix, ref_runner)
+    return BundleResult(root, precisions, default, files, embed_err, ref_source, exported, notes, matrix, ref_runner,
+                        skipped=refs.skipped)
 
 
 def _add_with_raw(root: Path, fname: str, model: Any, manifest: Manifest, digest: str, prec: str,
