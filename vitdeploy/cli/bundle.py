@@ -31,7 +31,8 @@ def bundle(
     ),
     check_images: Optional[list[Path]] = typer.Option(None, "--check-images", hidden=True, help=IMAGES_ALIAS_HELP),
     references: int = typer.Option(16, min=1, max=1000, help="How many reference images to keep (at most 1000)."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing bundle: only the files it wrote; "
+                               "your files are kept (engines of earlier models moved to earlier/), each named."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=f"What the bundle is for: {TARGET_NAMES}. Every model must "
                                          "have been made for it. Default: the models' own target."),
     int8: bool = typer.Option(False, "--int8", help="From a checkpoint: make (or reuse) the INT8 model only, besides FP32."),

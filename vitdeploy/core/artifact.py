@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vitdeploy.core import loaded
 from vitdeploy.core.errors import SourceChanged, UnreadableArtifact, VitdeployError
 from vitdeploy.core.fileio import atomic_path, sha256_file
-from vitdeploy.core.loaded import changed_message, read_hashed
+from vitdeploy.core.loaded import changed_message
 from vitdeploy.core.manifest import ONNX_KEY, Manifest, set_onnx_manifest, sidecar_path
 from vitdeploy.core.naming import ENGINE_SUFFIXES
 
@@ -150,7 +151,7 @@ class OnnxArtifact:
             import onnx
 
             try:
-                data, digest = read_hashed(self.path)  # read once: the SHA-256 is of the bytes parsed
+                data, digest = loaded.read_hashed(self.path)  # read once: the SHA-256 is of the bytes parsed
                 model = onnx.load_model_from_string(data)
             except SourceChanged:
                 raise
@@ -265,7 +266,9 @@ class OnnxArtifact:
         out = Path(path)
         with atomic_path(out) as tmp:
             tmp.write_bytes(data)
-        return cls(out, model=model, manifest=manifest, sha256=hashlib.sha256(data).hexdigest())
+        art = cls(out, model=model, manifest=manifest, sha256=hashlib.sha256(data).hexdigest())
+        art._key = art._read_key()  # the file as written: require_unchanged knows a later re-write
+        return art
 
 
 def read_onnx_manifest(path: str | Path) -> Manifest:

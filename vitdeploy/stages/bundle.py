@@ -23,10 +23,9 @@ import numpy as np
 from vitdeploy.checks.compare import run_arrays, same_model
 from vitdeploy.checks.metrics import compare, require_finite
 from vitdeploy.core.artifact import OnnxArtifact
-from vitdeploy.core.errors import IncompatibleArtifact, SourceChanged, StaleArtifact, UsageError, VitdeployError
+from vitdeploy.core.errors import IncompatibleArtifact, StaleArtifact, UsageError, VitdeployError
 from vitdeploy.core.fileio import printable_name, temp_dir_beside
 from vitdeploy.core.lineage import STALE, remake_command, source_link
-from vitdeploy.core.loaded import changed_message
 from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest, tool_versions
 from vitdeploy.core.naming import ONNX_NAMES, PRECISIONS, calib_cache_name
 from vitdeploy.core.preprocess import list_images, resized_uint8, to_array
@@ -424,19 +423,6 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return compare(b, a).max_rel_diff
 
 
-def _copy_hashed(src: Path, dst: Path, chunk: int = 1 << 20) -> str:
-    """Copy a file and return the SHA-256 of the bytes copied: one read serves both."""
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(src, "rb") as fi, open(dst, "wb") as fo:
-        while block := fi.read(chunk):
-            h.update(block)
-            fo.write(block)
-    shutil.copymode(src, dst)
-    return h.hexdigest()
-
-
 def is_bundle(folder: Path) -> bool:
     """Whether ``folder`` is a bundle vitdeploy wrote (its manifest.json has a bundle section): --force replaces
     nothing else."""
@@ -515,10 +501,14 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     raw_models: dict[str, Any] = {}
     for prec in precisions:
         dst = root / ONNX_NAMES[prec]
-        sha[prec] = _copy_hashed(found[prec], dst)
-        if sha[prec] != arts[prec].sha256:  # re-written (a re-export) since it was read: the bytes packed must be the model read
-            raise SourceChanged(changed_message(found[prec], "bundle"))
-        # from here on the bundle's own copy (the same bytes) is what every runner reads, not the file outside
+        # the bytes packed are the bytes read: the file is copied while it is the very file read (same identity
+        # before and after the copy), so the SHA-256 taken as it was read is the copy's (a re-export meanwhile: one line)
+        arts[prec].require_unchanged("bundle")
+        shutil.copyfile(found[prec], dst)
+        shutil.copymode(found[prec], dst)
+        arts[prec].require_unchanged("bundle")
+        sha[prec] = arts[prec].sha256
+        # from here on the bundle's own copy is what every runner reads, not the file outside
         arts[prec] = OnnxArtifact(dst, model=arts[prec].model, manifest=manifests[prec], sha256=sha[prec])
         say(f"folding preprocessing into {dst.name}")
         _add_with_raw(root, dst.name, arts[prec].model, manifests[prec], sha[prec], prec, artifacts, raw_models)
@@ -642,7 +632,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
                                                           "SUPPORT": support_table(matrix, precisions)}))
     shutil.rmtree(work)
     # last: every file written with its SHA-256, so a later --force replaces exactly these (stages/bundle_replace.py)
-    manifest.extra["bundle"]["files"] = written_files(root, artifacts)
+    manifest.extra["bundle"]["files"] = written_files(root, {**artifacts, f"triton/{name}/1/model.onnx": artifacts[triton_src]})
     (root / "manifest.json").write_text(manifest.to_json(indent=2) + "\n")
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     return BundleResult(root, precisions, default, files, embed_err, ref_source, exported, notes, matrix, ref_runner,
