@@ -158,3 +158,56 @@ def test_an_onnx_model_hashed_then_changed_before_it_is_read_is_refused(digits_o
     fresh = OnnxArtifact.open(src)
     fresh.model  # noqa: B018
     assert fresh.sha256 == sha256_file(src) != first
+
+
+def test_import_records_the_bytes_it_converted_or_refuses(digits_ckpt: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`import` (any checkpoint -> a vitdeploy checkpoint) records its source's SHA-256: of the bytes it loaded."""
+    from vitdeploy.model import checkpoint
+    from vitdeploy.model.importers import import_checkpoint
+
+    src = tmp_path / "trained.pth"
+    shutil.copy(digits_ckpt, src)
+    loaded_sha = sha256_file(src)
+    newer = other_weights(src, tmp_path / "newer.pth")
+    real = checkpoint.Checkpoint.build
+
+    def renamed_over_it_meanwhile(self: checkpoint.Checkpoint) -> object:  # after the source was read
+        os.replace(newer, src)
+        return real(self)
+
+    monkeypatch.setattr(checkpoint.Checkpoint, "build", renamed_over_it_meanwhile)
+    out = tmp_path / "ckpt.pth"
+    try:
+        _, manifest = import_checkpoint(src, out)
+    except VitdeployError as e:
+        assert "trained.pth changed while import ran" in str(e) and not out.exists()
+    else:
+        assert manifest.source["sha256"] == loaded_sha != sha256_file(src)
+
+
+def test_an_onnx_model_replaced_during_calibrate_writes_nothing(digits_onnx: Path, digits_folder: Path,
+                                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    import vitdeploy.stages.precision as stage
+
+    src = tmp_path / "model.onnx"
+    shutil.copy(digits_onnx, src)
+    m = onnx.load(str(src))
+    init = max(m.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 1.5, init.name))
+    onnx.save(m, str(tmp_path / "next.onnx"))
+    real = stage._collect_ranges
+
+    def re_exported_meanwhile(*a: object, **kw: object) -> object:  # after model.onnx was read
+        if (tmp_path / "next.onnx").exists():
+            os.replace(tmp_path / "next.onnx", src)
+        return real(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(stage, "_collect_ranges", re_exported_meanwhile)
+    with pytest.raises(VitdeployError) as e:
+        stage.calibrate(src, digits_folder / "val", tmp_path / "model.int8.onnx", num_images=8, batch_size=4)
+    assert "model.onnx changed while calibrate ran" in str(e.value) and "\n" not in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]  # no model, no calibration cache
