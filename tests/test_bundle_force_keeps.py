@@ -139,3 +139,32 @@ def test_a_model_rewritten_while_bundle_reads_it_is_one_line(digits_onnx: Path, 
     msg = str(e.value)
     assert "model.onnx changed while bundle ran" in msg and "bug" not in msg and "\n" not in msg
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".b.")]
+
+
+def test_force_never_moves_a_users_file_through_a_link_out_of_the_bundle(tmp_path: Path) -> None:
+    """An `earlier` link of the user's (to a folder outside) is kept and never written through; the engine of the
+    earlier models goes to a folder of its own inside the bundle."""
+    from vitdeploy.core.fileio import sha256_file
+    from vitdeploy.stages.bundle_replace import replace_bundle
+
+    def write_bundle(root: Path, model: bytes) -> None:
+        root.mkdir()
+        (root / "model.onnx").write_bytes(model)
+        (root / "README.md").write_text("the bundle's\n")
+        files = {n: sha256_file(root / n) for n in ("model.onnx", "README.md")}
+        arts = {"model.onnx": {"sha256": files["model.onnx"]}}
+        (root / "manifest.json").write_text(json.dumps({"bundle": {"files": files, "artifacts": arts, "batch": {}}}))
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    out, new = tmp_path / "b", tmp_path / "new"
+    write_bundle(out, b"first model")
+    (out / "earlier").symlink_to(outside)
+    (out / "model.engine").write_bytes(b"engine of the first model")
+    write_bundle(new, b"second model")
+    lines = replace_bundle(new, out, force=True)
+    assert list(outside.iterdir()) == [] and (out / "earlier").is_symlink()
+    assert (out / "earlier-1" / "model.engine").read_bytes() == b"engine of the first model"
+    assert (out / "model.onnx").read_bytes() == b"second model" and not (out / "model.engine").exists()
+    assert any("earlier-1/model.engine" in ln for ln in lines) and any("earlier" in ln for ln in lines)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".b.")]

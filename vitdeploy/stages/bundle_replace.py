@@ -120,13 +120,27 @@ def _as_written(path: Path, sha: str) -> bool:
     return path.is_file() and not path.is_symlink() and sha256_file(path) == sha
 
 
-def _free(rel: str, taken: set[str]) -> str:
-    """``earlier/rel``, or ``earlier/rel.N`` where that is taken."""
-    dest = f"{EARLIER}/{rel}"
-    n = 1
-    while dest in taken:
-        dest = f"{EARLIER}/{rel}.{n}"
-        n += 1
+def _earlier(out: Path) -> str:
+    """The folder entries are moved to: ``earlier``, or ``earlier-N`` where the user has a file or a link of that
+    name (a link is never written through: it may point outside the bundle)."""
+    name, n = EARLIER, 1
+    while (out / name).is_symlink() or ((out / name).exists() and not (out / name).is_dir()):
+        name, n = f"{EARLIER}-{n}", n + 1
+    return name
+
+
+def _free(out: Path, folder: str, rel: str, taken: set[str]) -> str:
+    """``folder/rel``, or ``folder/rel.N`` where that is taken; flattened (``a__b``) where a folder on the way is a
+    link or a file of the user's, so nothing is ever moved through a link out of the bundle."""
+    parts = Path(rel).parts
+    for i in range(1, len(parts)):
+        step = out / folder / Path(*parts[:i])
+        if step.is_symlink() or (step.exists() and not step.is_dir()):
+            rel = "__".join(parts)
+            break
+    dest, n = f"{folder}/{rel}", 1
+    while dest in taken or (out / dest).exists() or (out / dest).is_symlink():
+        dest, n = f"{folder}/{rel}.{n}", n + 1
     return dest
 
 
@@ -142,12 +156,13 @@ def plan(out: Path, new_root: Path) -> tuple[list[tuple[str, str]], set[str], li
     legacy = not isinstance(raw, dict)
     recorded: dict[str, Any] = raw if isinstance(raw, dict) else {}
     known: set[str] = (_named_by(old_block) | new_entries) if legacy else set(recorded)
-    same_models = not legacy and _models_of(old_block) == _models_of(new_block) and bool(_models_of(old_block)[0])
+    same_models = _models_of(old_block) == _models_of(new_block) and bool(_models_of(old_block)[0])
+    earlier = _earlier(out)
     carry: list[tuple[str, str]] = []
     remove: set[str] = {"manifest.json"}
     kept: list[str] = []
     moved: list[str] = []
-    taken = {e for e in _entries(out) if e.startswith(EARLIER + "/")}
+    taken = {e for e in _entries(out) if e.startswith(earlier + "/")}
     for rel in _entries(out):
         if rel == "manifest.json":
             continue
@@ -161,7 +176,7 @@ def plan(out: Path, new_root: Path) -> tuple[list[tuple[str, str]], set[str], li
         collides = rel in new_entries or rel in new_dirs or any(p.as_posix() in new_entries for p in Path(rel).parents)
         stale_engine = is_engine_file(rel) and not same_models
         if changed_own or collides or stale_engine:
-            dest = _free(rel, taken)
+            dest = _free(out, earlier, rel, taken)
             taken.add(dest)
             carry.append((rel, dest))
             why = ("built from the earlier models: rebuild it with ./build_engine.sh" if stale_engine else
