@@ -53,6 +53,8 @@ class Probe:
     umask: int | None = None  # run under this umask
     timeout: float | None = None  # seconds before the probe counts as "still running" (default: --timeout)
     signal_after: tuple[int, float] | None = None  # (signal, seconds after the workers started): Ctrl-C, a kill
+    hook: str | None = None  # HOOKS: another program acting while the command runs (issue 31: a source replaced)
+    others: list[str] = field(default_factory=list)  # paths that other program changes (not the command's doing)
 
 
 def probes() -> list[Probe]:
@@ -176,7 +178,96 @@ def probes() -> list[Probe]:
           check="full_empty", slow=True),
         # item 10
         P(["export", "bad/legacy.pth"], 1, "a legacy (non-zip) torch.save file", check="says_legacy"),
+        *lineage_probes(),
     ]
+
+
+# ------------------------------------------------------------------ issue 31 (h6): --force, lineage, references
+# A bundle folder holding a user's files, a source replaced while a command converts it (HOOKS: the other program,
+# run inside the command's process at the moment named), an unreadable reference image. All slow (a bundle or an
+# export each); tests/test_bundle_force_keeps.py and tests/test_lineage_hashes_loaded.py hold the same cases.
+
+
+def lineage_probes() -> list[Probe]:
+    P = Probe
+    bundle = ["--references", "2", "--opt-batch", "1", "--max-batch", "2"]
+    return [
+        P(["bundle", "model.onnx", "-o", "ub", "--force", "-i", "img", *bundle], 0,
+          "--force over a bundle holding a user's csv and engine", setup="user_bundle", outputs=["ub"],
+          check="user_files_kept", slow=True),
+        P(["bundle", "model.onnx", "-o", "b", "-i", "refs", *bundle], 3, "an empty file among the reference images",
+          setup="refs", outputs=["b"], check="names_empty_ref", slow=True),
+        P(["export", "ckpt.pth", "--no-check"], 1, "ckpt.pth renamed over while export runs", setup="ckpt2",
+          hook="ckpt_renamed_during_export", others=["ckpt.pth", "ckpt2.pth"], check="says_changed", slow=True),
+        P(["convert-fp16", "model.onnx", "-o", "m.fp16.onnx"], 1, "model.onnx re-exported while convert-fp16 runs",
+          setup="model2", hook="onnx_replaced_during_fp16", others=["model.onnx", "model2.onnx"], check="says_changed",
+          slow=True),
+        P(["bundle", "model.onnx", "-o", "b", "-i", "img", *bundle], 1, "model.onnx re-exported while bundle runs",
+          setup="model2", hook="onnx_replaced_during_bundle", others=["model.onnx", "model2.onnx"],
+          check="says_changed", slow=True),
+    ]
+
+
+# what the other program does, patched into the command's process at the moment named (after the source was read)
+_HOOK = """
+import os, sys
+import {module} as m
+real = m.{name}
+def other_program(*a, **k):
+    os.replace({src!r}, {dest!r})
+    return real(*a, **k)
+m.{name} = other_program
+from vitdeploy.__main__ import main
+sys.exit(main())
+"""
+HOOKS = {
+    "ckpt_renamed_during_export": _HOOK.format(module="vitdeploy.stages.export", name="_torch_export",
+                                               src="ckpt2.pth", dest="ckpt.pth"),
+    "onnx_replaced_during_fp16": _HOOK.format(module="vitdeploy.stages.precision", name="_fit_graph",
+                                              src="model2.onnx", dest="model.onnx"),
+    "onnx_replaced_during_bundle": _HOOK.format(module="vitdeploy.stages.bundle", name="check_target",
+                                                src="model2.onnx", dest="model.onnx"),
+}
+_CODE = REPO  # the checkout probed (run_probe sets it): a setup that runs vitdeploy runs that one
+
+
+def lineage_prepare(root: Path, what: str) -> None:
+    """The setups of lineage_probes."""
+    if what == "user_bundle":  # a bundle, then what a user adds on the device
+        env = {**os.environ, "PYTHONPATH": str(_CODE)}
+        subprocess.run([sys.executable, "-m", "vitdeploy", "bundle", "model.onnx", "-o", "ub", "-i", "img",
+                        "--references", "2", "--opt-batch", "1", "--max-batch", "2"], cwd=root, env=env, check=True,
+                       capture_output=True, timeout=600)
+        (root / "ub" / "field_results.csv").write_text("notes\n")
+        (root / "ub" / "model.raw.engine").write_bytes(b"an engine built on the device")
+    elif what == "refs":
+        (root / "refs").mkdir(exist_ok=True)
+        (root / "refs" / "0_empty.png").write_bytes(b"")
+        shutil.copy(root / "img" / "a.png", root / "refs" / "a.png")
+        shutil.copy(root / "img2" / "a.png", root / "refs" / "b.png")
+    elif what == "ckpt2":  # the same checkpoint with other weights, as more training gives
+        subprocess.run([sys.executable, "-c", "import sys, torch\n"
+                        "d = torch.load(sys.argv[1], weights_only=True)\n"
+                        "d['state_dict'] = {k: v * 1.25 for k, v in d['state_dict'].items()}\n"
+                        "torch.save(d, sys.argv[2])", str(root / "ckpt.pth"), str(root / "ckpt2.pth")],
+                       check=True, capture_output=True, timeout=600)
+    elif what == "model2":  # a re-export with other weights
+        subprocess.run([sys.executable, "-c", "import sys, onnx\nfrom onnx import numpy_helper as nh\n"
+                        "m = onnx.load(sys.argv[1])\n"
+                        "t = max(m.graph.initializer, key=lambda t: len(t.raw_data) + len(t.float_data))\n"
+                        "t.CopyFrom(nh.from_array(nh.to_array(t) * 1.5, t.name))\n"
+                        "onnx.save(m, sys.argv[2])", str(root / "model.onnx"), str(root / "model2.onnx")],
+                       check=True, capture_output=True, timeout=600)
+
+
+LINEAGE_CHECKS: dict[str, Callable[[Path, subprocess.CompletedProcess[str], float], str | None]] = {
+    "user_files_kept": lambda r, p, t: None if (r / "ub" / "field_results.csv").is_file()
+    and ((r / "ub" / "model.raw.engine").is_file() or (r / "ub" / "earlier" / "model.raw.engine").is_file())
+    and "field_results.csv" in p.stdout else "the user's files were deleted or not named",
+    "names_empty_ref": lambda r, p, t: None if "0_empty.png" in p.stdout + p.stderr else "the empty image is not named",
+    "says_changed": lambda r, p, t: None if "changed while" in p.stderr and "bug" not in p.stderr
+    else "not named a source changed during the run",
+}
 
 
 # ------------------------------------------------------------------ promises beyond exit code and files
@@ -237,6 +328,7 @@ CHECKS: dict[str, Callable[[Path, subprocess.CompletedProcess[str], float], str 
     "full_empty": lambda r, p, t: (f"left {', '.join(sorted(f.name for f in (r / 'full').iterdir()))[:40]}"
                                    if any((r / "full").iterdir()) else None),
     "says_legacy": lambda r, p, t: None if "legacy torch.save" in p.stderr else "not named a legacy torch.save file",
+    **LINEAGE_CHECKS,
 }
 EARLIER = b"the best epoch of an earlier, interrupted run"
 
@@ -366,6 +458,8 @@ def prepare(root: Path, what: str | None) -> None:
         (root / "link.json").symlink_to(root / "real.json")
     elif what == "partial":
         (root / "t.pth.partial").write_bytes(EARLIER)
+    elif what in ("user_bundle", "refs", "ckpt2", "model2"):
+        lineage_prepare(root, what)
     elif what and what.startswith("full:"):
         size = what.split(":", 1)[1]
         if size == "ckpt":  # room for one checkpoint, not two: the second epoch's partial fills it
@@ -450,11 +544,14 @@ def _run(argv: list[str], root: Path, env: dict[str, str], p: Probe, timeout: fl
 
 
 def run_probe(p: Probe, root: Path, code: Path, timeout: float) -> Row:
+    global _CODE
+    _CODE = code
     prepare(root, p.setup)
     before, top = snapshot(root), fs_root()
     args = [a.replace("{w}", str(root)) for a in p.args]
     env = {**os.environ, "PYTHONPATH": str(code), "COLUMNS": "200"}
-    r, took = _run([sys.executable, "-m", "vitdeploy", *args], root, env, p, p.timeout or timeout)
+    cmd = ["-c", HOOKS[p.hook]] if p.hook else ["-m", "vitdeploy"]
+    r, took = _run([sys.executable, *cmd, *args], root, env, p, p.timeout or timeout)
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
     try:
         promise = CHECKS[p.check](root, r, took) if p.check else None
@@ -464,7 +561,8 @@ def run_probe(p: Probe, root: Path, code: Path, timeout: float) -> Row:
         os.kill(w, signal.SIGKILL)
     teardown(root, p.setup)
     after = snapshot(root)
-    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    changed_all = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    changed = [c for c in changed_all if c not in p.others]  # the other program's doing is not the command's
     outside_root = sorted(fs_root() - top)
     for name in outside_root:  # written to the filesystem root by a broken output-name builder: remove it
         target = Path("/") / name
@@ -487,7 +585,7 @@ def run_probe(p: Probe, root: Path, code: Path, timeout: float) -> Row:
         broken.append(f"wrote to / ({', '.join(outside_root)[:60]})")
     if promise:
         broken.append(promise)
-    if changed:  # the next probe starts from the same files
+    if changed_all:  # the next probe starts from the same files
         restore(root)
     shown = [c.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace") for c in changed + outside_root]
     return Row(p, r.returncode, (err[-1] if err else "")[:90], "Traceback" in r.stderr, shown, broken)

@@ -58,7 +58,16 @@ def test_manifest_and_opset_are_read_without_parsing_the_graph(tmp_path: Path, m
         calls.append("load")
         return real(*a, **k)
 
+    import vitdeploy.core.loaded as loaded
+
+    real_read = loaded.read_hashed
+
+    def counted_read(*a: Any, **k: Any) -> Any:  # OnnxArtifact reads a graph's bytes here (hashed as they are read)
+        calls.append("load")
+        return real_read(*a, **k)
+
     monkeypatch.setattr(onnx, "load", counted)
+    monkeypatch.setattr(loaded, "read_hashed", counted_read)
     art = OnnxArtifact.open(tmp_path / "model.onnx")
     assert art.manifest.num_classes == 10 and art.opset == 17
     assert calls == [] and not art.loaded  # the graph's bytes were skipped, not parsed

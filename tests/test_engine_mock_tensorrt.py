@@ -462,3 +462,29 @@ def test_mock_tensorrt_build_without_an_inspector_says_the_receipt_is_unknown(mo
     build_engine("model.onnx", BuildOptions())
     receipt = json.loads(sidecar_path("model.fp32.engine").read_text())["engine"]["receipt"]
     assert receipt["status"] == "unknown" and "inspector" in receipt["reason"]
+
+
+def test_mock_tensorrt_build_of_an_onnx_re_written_meanwhile_writes_no_engine(mocked: Any,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 31 item 3: the sidecar's source SHA-256 is of the bytes TensorRT parsed; a model.onnx re-exported while
+    the engine builds is one line and no engine that names other bytes."""
+    import onnx
+
+    import vitdeploy.runners.tensorrt.builder as builder
+    from vitdeploy.stages.engine import BuildOptions, build_engine
+
+    mocked["install"]("10.3.0.30")
+    real = builder.engine_receipt
+
+    def re_exported_meanwhile(*a: Any, **kw: Any) -> Any:  # after the parse and the build
+        m = onnx.load("model.onnx")
+        m.doc_string = "a re-export"
+        onnx.save(m, "model.onnx.new")
+        Path("model.onnx.new").replace("model.onnx")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(builder, "engine_receipt", re_exported_meanwhile)
+    with pytest.raises(VitdeployError) as e:
+        build_engine("model.onnx", BuildOptions(min_batch=1, opt_batch=1, max_batch=2))
+    assert "model.onnx changed while build-engine ran" in str(e.value) and "\n" not in str(e.value)
+    assert not list(Path(".").glob("*.engine*"))

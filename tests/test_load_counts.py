@@ -26,7 +26,8 @@ def fp32(digits_onnx: Path) -> Path:
 
 
 def _counted(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter[str], Counter[str], Counter[str]]:
-    """Counters of onnx.load per file, ONNX Runtime sessions per file, and image decodes per image file."""
+    """Counters of model reads per file (onnx.load, and core.loaded.read_hashed, which OnnxArtifact reads a graph's
+    bytes with), ONNX Runtime sessions per file, and image decodes per image file."""
     import vitdeploy.core.preprocess as preprocess
 
     loads: Counter[str] = Counter()
@@ -47,7 +48,17 @@ def _counted(monkeypatch: pytest.MonkeyPatch) -> tuple[Counter[str], Counter[str
             sessions[Path(src).name if isinstance(src, (str, Path)) else "<in memory>"] += 1
             super().__init__(src, *a, **k)
 
+    import vitdeploy.core.loaded as loaded
+
+    real_read = loaded.read_hashed
+
+    def counted_read(f: Any) -> Any:  # the one reader of a model's bytes (hashed as they are read), counted as a load
+        if Path(str(f)).suffix == ".onnx":
+            loads[Path(str(f)).name] += 1
+        return real_read(f)
+
     monkeypatch.setattr(onnx, "load", counted_load)
+    monkeypatch.setattr(loaded, "read_hashed", counted_read)
     monkeypatch.setattr(ort, "InferenceSession", CountedSession)
     monkeypatch.setattr(preprocess, "load_image", counted_decode)
     return loads, sessions, decodes

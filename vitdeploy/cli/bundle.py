@@ -31,7 +31,8 @@ def bundle(
     ),
     check_images: Optional[list[Path]] = typer.Option(None, "--check-images", hidden=True, help=IMAGES_ALIAS_HELP),
     references: int = typer.Option(16, **bounded("references"), help="How many reference images to keep (at most 1000)."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing bundle: only the files it wrote; "
+                               "your files are kept (engines of earlier models moved to earlier/), each named."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=f"What the bundle is for: {TARGET_NAMES}. Every model must "
                                          "have been made for it. Default: the models' own target."),
     int8: bool = typer.Option(False, "--int8", help="From a checkpoint: make (or reuse) the INT8 model only, besides FP32."),
@@ -81,6 +82,8 @@ def bundle(
     console.print(f"reference images: {result.reference_source}", highlight=False, soft_wrap=True)
     for note in result.notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
+    for line in result.kept:  # --force over an earlier bundle: what it did not write stays (stages/bundle_replace.py)
+        console.print(f"--force: {line}", highlight=False, soft_wrap=True, markup=False)
     if prepared is not None:
         _receipt(prepared, result)
     console.print(f"next, on the device: cd {result.out} && ./build_engine.sh && python3 run.py --check", highlight=False,
@@ -89,6 +92,11 @@ def bundle(
         console.print("build_engine.sh finds the TensorRT version and builds the file made for it "
                       f"(see {result.out}/README.md; ./build_engine.sh --dry-run --trt 8.5 shows the line)",
                       highlight=False, soft_wrap=True)
+    if result.skipped:  # the bundle is whole, its reference set made of the readable images: partly done
+        from vitdeploy.core.errors import PartlyDone
+
+        raise PartlyDone(f"{len(result.skipped)} unreadable reference image(s) skipped (named above); the bundle is "
+                         "written with readable ones in their place")
 
 
 def _receipt(prepared: object, result: object) -> None:

@@ -8,7 +8,8 @@ place that says a file is not a readable model. What it knows is read lazily and
   its manifest in milliseconds; onnx has no partial parse, hence the scanner);
 * ``model`` — the ``onnx.ModelProto`` (tensors kept in external data stay on disk until ``load_weights``);
 * ``opset``, ``input`` (the I/O contract: name, dims, dtype, layout, whether the preprocessing is in the graph) and
-  ``sha256`` (cached; the bytes written are hashed as they are written).
+  ``sha256`` (cached; the bytes written are hashed as they are written, the bytes read as they are read: a derived
+  artifact's lineage names the bytes it was made from, core/loaded.py).
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vitdeploy.core.errors import UnreadableArtifact, VitdeployError
+from vitdeploy.core import loaded
+from vitdeploy.core.errors import SourceChanged, UnreadableArtifact, VitdeployError
 from vitdeploy.core.fileio import atomic_path, sha256_file
+from vitdeploy.core.loaded import changed_message
 from vitdeploy.core.manifest import ONNX_KEY, Manifest, set_onnx_manifest, sidecar_path
 from vitdeploy.core.naming import ENGINE_SUFFIXES
 
@@ -103,6 +106,7 @@ class OnnxArtifact:
         self._manifest = manifest
         self._sha256 = sha256
         self._header: Any = None  # ModelProto with metadata_props and opset_import only
+        self._key: Any = None  # the file's identity when its graph was read (core.loaded.stat_key)
 
     # --- opening -------------------------------------------------------------------------------
 
@@ -147,13 +151,36 @@ class OnnxArtifact:
             import onnx
 
             try:
-                model = onnx.load(str(self.path), load_external_data=False)
+                data, digest = loaded.read_hashed(self.path)  # read once: the SHA-256 is of the bytes parsed
+                model = onnx.load_model_from_string(data)
+            except SourceChanged:
+                raise
             except Exception as e:
                 raise unreadable(self.path, type(e).__name__) from None
+            del data
             if not model.graph.node:  # protobuf reads an empty file as an empty model
                 raise unreadable(self.path, "no graph")
+            if self._sha256 is not None and self._sha256 != digest:  # hashed earlier, changed before it was loaded
+                raise SourceChanged(changed_message(self.path, "this command"))
             self._model = model
+            self._sha256 = digest
+            self._key = self._read_key()
         return self._model
+
+    def _read_key(self) -> Any:
+        from vitdeploy.core.loaded import stat_key
+
+        try:
+            return stat_key(self.path.stat())
+        except OSError:
+            return None
+
+    def require_unchanged(self, what: str = "") -> None:
+        """Refuse (SourceChanged, one line) when the file was replaced or rewritten since its graph was read here:
+        a stage calls it just before writing what it made from it, so no result's lineage names bytes it was not
+        made from."""
+        if self._model is not None and self._key is not None and self._read_key() != self._key:
+            raise SourceChanged(changed_message(self.path, what))
 
     def load_weights(self) -> Any:
         """The model with every tensor stored as external data read in (for a stage that rewrites weights)."""
@@ -239,7 +266,9 @@ class OnnxArtifact:
         out = Path(path)
         with atomic_path(out) as tmp:
             tmp.write_bytes(data)
-        return cls(out, model=model, manifest=manifest, sha256=hashlib.sha256(data).hexdigest())
+        art = cls(out, model=model, manifest=manifest, sha256=hashlib.sha256(data).hexdigest())
+        art._key = art._read_key()  # the file as written: require_unchanged knows a later re-write
+        return art
 
 
 def read_onnx_manifest(path: str | Path) -> Manifest:

@@ -70,3 +70,7 @@ class NonFiniteOutput(VitdeployError):
 
 class CudaUnavailable(VitdeployError):
     """TensorRT is installed but cannot start CUDA (no GPU, or a driver older than TensorRT's CUDA)."""
+
+
+class SourceChanged(VitdeployError):
+    """A source file replaced or rewritten while a command read or converted it: nothing is written."""

@@ -5,6 +5,7 @@ Importers for other libraries' ViTs (timm, Hugging Face) plug into ``load_model`
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.core.fileio import atomic_path
+from vitdeploy.core.loaded import read_hashed
 from vitdeploy.core.manifest import CKPT_KEY, Manifest
 from vitdeploy.model.sources import check_checkpoint_file
 from vitdeploy.model.vit import VisionTransformer, ViTConfig
@@ -132,8 +134,9 @@ def describe_foreign(obj: Any) -> str:
 def load_checkpoint(path: str | Path) -> Checkpoint:
     p = Path(path)
     check_checkpoint_file(p)  # missing, a folder, empty, a legacy pickle, not a zip: said without torch (model/sources.py)
+    data, _ = read_hashed(p)  # lineage hashes the bytes loaded (core/loaded.py)
     try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
+        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "weights_only" in msg or "Unsupported global" in msg:

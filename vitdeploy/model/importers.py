@@ -8,6 +8,7 @@ transformers nor timm is needed at run time.
 
 from __future__ import annotations
 
+import io
 import json
 import zipfile
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 
 from vitdeploy.core.artifact import read_manifest
 from vitdeploy.core.errors import UsageError, VitdeployError
-from vitdeploy.core.fileio import source_sha256
+from vitdeploy.core.loaded import SourceReads, read_hashed
 from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest, tool_versions
 from vitdeploy.model.checkpoint import (
     CKPT_KEY,
@@ -85,11 +86,12 @@ def torch_load(p: Path) -> Any:
             raise VitdeployError(f"{p}: {LEGACY_MESSAGE}")
         raise VitdeployError(f"{p}: not a PyTorch zip file or a safetensors file (truncated or another format)")
     allow = getattr(torch.serialization, "safe_globals", None)  # torch >= 2.5
+    data, _ = read_hashed(p)  # lineage hashes the bytes loaded (core/loaded.py)
     try:
         if allow is None:
-            return torch.load(p, map_location="cpu", weights_only=True)
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         with allow([argparse.Namespace]):
-            return torch.load(p, map_location="cpu", weights_only=True)
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "weights_only" in msg or "Unsupported global" in msg:
@@ -99,10 +101,11 @@ def torch_load(p: Path) -> Any:
 
 def _safetensors_load(p: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     try:
-        return load_file(str(p))
+        data, _ = read_hashed(p)  # lineage hashes the bytes loaded (core/loaded.py)
+        return load(data)
     except (SafetensorError, OSError, ValueError) as e:
         raise VitdeployError(f"{p}: not a readable safetensors file ({str(e)[:80]})") from None
 
@@ -386,11 +389,13 @@ def import_checkpoint(
     """
     from vitdeploy.model.checkpoint import save_checkpoint
 
-    ck = load_any(source, arch=arch, labels=labels)
+    with SourceReads("import") as reads:
+        ck = load_any(source, arch=arch, labels=labels)
     model = ck.build()
     src = dict(ck.manifest.source)
-    src["sha256"] = source_sha256(source)
+    src["sha256"] = reads.sha256(source)  # of the bytes converted, not of the file as it is after the work
     manifest = ck.manifest.derive(source=src)
+    reads.require_unchanged()
     return save_checkpoint(out, model, manifest), manifest
 
 

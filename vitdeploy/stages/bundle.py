@@ -24,7 +24,7 @@ from vitdeploy.checks.compare import run_arrays, same_model
 from vitdeploy.checks.metrics import compare, require_finite
 from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import IncompatibleArtifact, StaleArtifact, UsageError, VitdeployError
-from vitdeploy.core.fileio import TMP_TAG, temp_dir_beside
+from vitdeploy.core.fileio import printable_name, temp_dir_beside
 from vitdeploy.core.lineage import STALE, remake_command, source_link
 from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest, tool_versions
 from vitdeploy.core.naming import ONNX_NAMES, PRECISIONS, calib_cache_name
@@ -42,6 +42,7 @@ from vitdeploy.stages.bundle_configs import (  # noqa: E402, F401 - the configur
     triton_name,
     write_cpp,
 )
+from vitdeploy.stages.bundle_replace import replace_bundle, written_files
 from vitdeploy.stages.embed import raw_variant_name, write_variant
 
 FORMAT = "vitdeploy-bundle/1"
@@ -80,6 +81,8 @@ class BundleResult:
     # TensorRT line -> precision -> the ONNX build_engine.sh builds there (a no-target bundle: a variant where needed)
     matrix: dict[str, dict[str, str]] = field(default_factory=dict)
     reference_runner: dict[str, str] = field(default_factory=dict)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # unreadable reference images (name, why)
+    kept: list[str] = field(default_factory=list)  # --force: what was in the folder that the bundle did not write
 
 
 def resolve_models(
@@ -308,11 +311,27 @@ def check_target(target: str | None, manifests: dict[Path, Manifest], models: di
 # --- reference images and logits --------------------------------------------------------------------------
 
 
-def reference_images(opts: BundleOptions, manifest: Manifest, folder: Path, cwd: Path) -> tuple[list[Path], str]:
+@dataclass
+class References:
+    """The reference images run.py --check uses: the files copied into the bundle, where they came from, their
+    decoded uint8 HWC arrays (resized and cropped: the raw-pixel variant's input) and the unreadable ones skipped."""
+
+    files: list[Path]
+    source: str
+    images: np.ndarray
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def reference_images(opts: BundleOptions, manifest: Manifest, folder: Path, cwd: Path) -> References:
     """Images for run.py --check, copied into reference/images by the one image rule (ImageSet.for_model: the
-    given folder, calibration/, the digits for a digits model); seeded noise only when it finds none."""
+    given folder, calibration/, the digits for a digits model); seeded noise only when it finds none.
+
+    Each copy is decoded as it will be checked; one that cannot be (empty, truncated, not an image) is named in
+    ``skipped``, its copy removed, and the next image of the set taken in its place. None readable: one line."""
+    from vitdeploy.core.preprocess import ImageReadError
     from vitdeploy.model.imageset import ImageSet
 
+    pp = manifest.pp()
     folder.mkdir(parents=True, exist_ok=True)
     given = list(opts.check_images)
     iset: ImageSet | None
@@ -326,20 +345,37 @@ def reference_images(opts: BundleOptions, manifest: Manifest, folder: Path, cwd:
             raise UsageError(f"no images in {given[0]}")
         iset = ImageSet.for_model(manifest, given[0] if given else None)
     out: list[Path] = []
+    arrays: list[np.ndarray] = []
+    skipped: list[tuple[str, str]] = []
     if iset is not None and len(iset):
         n = min(opts.references, len(iset))
         pick = [int(i * len(iset) / n) for i in range(n)]  # spread over the set (a class folder each, in turn)
-        for k, i in enumerate(pick):
+        picked = set(pick)
+        spare = [i for i in range(len(iset)) if i not in picked]  # taken in order in place of an unreadable pick
+        for i in [*pick, *spare]:
+            if len(out) == n:
+                break
             item = iset.items[i]
+            k = len(out)
             if isinstance(item, Path):
                 dst = folder / f"{k:03d}_{item.name}"
                 shutil.copyfile(item, dst)
             else:  # an in-memory image (the embedded digits)
                 dst = folder / f"{k:03d}_{Path(iset.name_of(i)).name}.png"
                 item.save(dst)
+            try:
+                arrays.append(resized_uint8(dst, pp))  # the copy is decoded: what ships is what was checked
+            except ImageReadError as e:
+                dst.unlink()
+                skipped.append((iset.name_of(i), str(e)))
+                continue
             out.append(dst)
+        if not out:
+            first = f" (e.g. {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+            raise VitdeployError(f"none of the reference images in {iset.source} can be read{first}: pass readable "
+                                 "ones with --images")
         source = f"--images {iset.source}" if given else iset.source
-        return out, source
+        return References(out, source, np.stack(arrays), skipped)
     from PIL import Image
 
     h, w = manifest.input_size
@@ -348,7 +384,9 @@ def reference_images(opts: BundleOptions, manifest: Manifest, folder: Path, cwd:
         dst = folder / f"{i:03d}_noise.png"
         Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(dst)
         out.append(dst)
-    return out, "seeded noise (no --images, no calibration/ folder and not a digits model)"
+        arrays.append(resized_uint8(dst, pp))
+    return References(out, "seeded noise (no --images, no calibration/ folder and not a digits model)",
+                      np.stack(arrays))
 
 
 class _RawRunner(Runner):
@@ -385,19 +423,6 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return compare(b, a).max_rel_diff
 
 
-def _copy_hashed(src: Path, dst: Path, chunk: int = 1 << 20) -> str:
-    """Copy a file and return the SHA-256 of the bytes copied: one read serves both."""
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(src, "rb") as fi, open(dst, "wb") as fo:
-        while block := fi.read(chunk):
-            h.update(block)
-            fo.write(block)
-    shutil.copymode(src, dst)
-    return h.hexdigest()
-
-
 def is_bundle(folder: Path) -> bool:
     """Whether ``folder`` is a bundle vitdeploy wrote (its manifest.json has a bundle section): --force replaces
     nothing else."""
@@ -407,23 +432,6 @@ def is_bundle(folder: Path) -> bool:
         return folder.is_dir() and "bundle" in json.loads((folder / "manifest.json").read_text())
     except (OSError, ValueError, TypeError):
         return False
-
-
-def _replace_dir(tmp: Path, out: Path, force: bool) -> None:
-    """Move the finished bundle into place; an existing one is replaced only with force, and only now."""
-    if out.exists():
-        if not force:
-            raise UsageError(f"{out} exists; pass --force to replace it, or choose another -o")
-        old = out.with_name(f".{out.name}{TMP_TAG}{os.getpid()}-old")  # a killed run's is removed by the next
-        os.replace(out, old)
-        try:
-            os.replace(tmp, out)
-        except OSError:
-            os.replace(old, out)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
 
 
 def bundle(
@@ -458,7 +466,7 @@ def bundle(
         from vitdeploy.core.fileio import follow_umask
 
         follow_umask(tmp)  # copies (copymode, copytree) carry the source's mode; the bundle gets the umask's
-        _replace_dir(tmp, out, opts.force)
+        result.kept = replace_bundle(tmp, out, opts.force)
         result.out = out
         return result
     finally:
@@ -493,14 +501,23 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     raw_models: dict[str, Any] = {}
     for prec in precisions:
         dst = root / ONNX_NAMES[prec]
-        sha[prec] = _copy_hashed(found[prec], dst)
+        # the bytes packed are the bytes read: the file is copied while it is the very file read (same identity
+        # before and after the copy), so the SHA-256 taken as it was read is the copy's (a re-export meanwhile: one line)
+        arts[prec].require_unchanged("bundle")
+        shutil.copyfile(found[prec], dst)
+        shutil.copymode(found[prec], dst)
+        arts[prec].require_unchanged("bundle")
+        sha[prec] = arts[prec].sha256
+        # from here on the bundle's own copy is what every runner reads, not the file outside
+        arts[prec] = OnnxArtifact(dst, model=arts[prec].model, manifest=manifests[prec], sha256=sha[prec])
         say(f"folding preprocessing into {dst.name}")
         _add_with_raw(root, dst.name, arts[prec].model, manifests[prec], sha[prec], prec, artifacts, raw_models)
 
     # reference inputs and logits for run.py --check, and the embedded variants checked against their sources
     say("computing reference logits")
-    ref_files, ref_source = reference_images(opts, base, root / "reference" / "images", cwd)
-    images = np.stack([resized_uint8(f, pp) for f in ref_files])
+    refs = reference_images(opts, base, root / "reference" / "images", cwd)
+    ref_files, ref_source, images = refs.files, refs.source, refs.images
+    notes += [f"reference image {printable_name(name)} skipped: {why}" for name, why in refs.skipped]
     np.save(root / "reference" / "inputs.npy", images)
     from PIL import Image
 
@@ -597,7 +614,6 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
             "created_with": tool_versions("onnx", "onnxruntime", "numpy"),
         },
     )
-    (root / "manifest.json").write_text(manifest.to_json(indent=2) + "\n")
 
     values = {
         "NAME": name, "PRECISION": default, "AVAILABLE": " ".join(precisions), "H": h, "W": w,
@@ -615,8 +631,12 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
                                                           "PP": json.dumps(base.preprocess),
                                                           "SUPPORT": support_table(matrix, precisions)}))
     shutil.rmtree(work)
+    # last: every file written with its SHA-256, so a later --force replaces exactly these (stages/bundle_replace.py)
+    manifest.extra["bundle"]["files"] = written_files(root, {**artifacts, f"triton/{name}/1/model.onnx": artifacts[triton_src]})
+    (root / "manifest.json").write_text(manifest.to_json(indent=2) + "\n")
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-    return BundleResult(root, precisions, default, files, embed_err, ref_source, exported, notes, matrix, ref_runner)
+    return BundleResult(root, precisions, default, files, embed_err, ref_source, exported, notes, matrix, ref_runner,
+                        skipped=refs.skipped)
 
 
 def _add_with_raw(root: Path, fname: str, model: Any, manifest: Manifest, digest: str, prec: str,

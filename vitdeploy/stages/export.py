@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vitdeploy.checks.parity import PARITY_BATCHES, ParityReport, validate_parity
+from vitdeploy.core import fileio
 from vitdeploy.core.artifact import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, OnnxArtifact
 from vitdeploy.core.errors import OpsetTooNew, ParityError, UsageError, VitdeployError
-from vitdeploy.core.fileio import source_sha256, temp_dir_beside
+from vitdeploy.core.fileio import temp_dir_beside
+from vitdeploy.core.loaded import SourceReads
 from vitdeploy.core.manifest import Manifest, set_onnx_manifest, tool_versions
 from vitdeploy.core.targets import TargetFacts, resolve_target
 from vitdeploy.graph.cleanup import check_graph, fix_io, initializer_bytes, merge_attention_scale, node_counts, slim
@@ -182,14 +184,17 @@ def _clean(m: onnx.ModelProto, manifest: Manifest, opset: int) -> onnx.ModelProt
     return m
 
 
-def _derived_manifest(manifest: Manifest, checkpoint: str | Path, opset: int, target: str | None = None) -> Manifest:
+def _derived_manifest(manifest: Manifest, checkpoint: str | Path, opset: int, target: str | None = None,
+                      source_sha256: str | None = None) -> Manifest:
+    """The ONNX model's manifest; ``source_sha256``: the SHA-256 of the checkpoint bytes converted (SourceReads),
+    else the file's as it is now."""
     return manifest.derive(
         precision="fp32",
         target=target,
         source={
             "kind": "checkpoint",
             "path": Path(checkpoint).name,
-            "sha256": source_sha256(checkpoint),
+            "sha256": source_sha256 or fileio.source_sha256(checkpoint),
             "dataset": manifest.source.get("dataset"),
             "parent": manifest.source,
         },
@@ -277,7 +282,8 @@ def export_onnx(
 
     step("load", path=str(checkpoint))
     t = time.perf_counter()
-    model, manifest = _load_model(checkpoint, arch, labels)
+    with SourceReads("export") as reads:  # the checkpoint's bytes are read once; lineage hashes those bytes
+        model, manifest = _load_model(checkpoint, arch, labels)
     h, w = manifest.input_size
     timings["load"] = time.perf_counter() - t
 
@@ -302,7 +308,7 @@ def export_onnx(
             decompose_layernorm(m)
         timings["clean"] = time.perf_counter() - t
 
-        derived = _derived_manifest(manifest, checkpoint, opset, target)
+        derived = _derived_manifest(manifest, checkpoint, opset, target, reads.sha256(checkpoint))
         set_onnx_manifest(m, derived)
         counts = node_counts(m)
 
@@ -326,6 +332,7 @@ def export_onnx(
             parity = _validate(model, tmp_model, images, opset, out)
             timings["parity"] = time.perf_counter() - t
 
+        reads.require_unchanged()  # a checkpoint replaced during the export: one line, nothing written
         _move_into_place(tmp_model, out, data_name, external)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)

@@ -68,7 +68,11 @@ def _load(art: OnnxArtifact) -> tuple[Any, Manifest]:
     return model, manifest
 
 
-def _save(model: Any, manifest: Manifest, out: Path) -> OnnxArtifact:
+def _save(model: Any, manifest: Manifest, out: Path, src: OnnxArtifact, what: str) -> OnnxArtifact:
+    """Write the result, after checking that its source was not replaced since it was read: the manifest's source
+    SHA-256 is of the bytes converted (OnnxArtifact hashes them as it reads them), and a source that changed during
+    the run is one line with nothing written (core/loaded.py)."""
+    src.require_unchanged(what)
     return OnnxArtifact.write(model, manifest, out)
 
 
@@ -122,7 +126,7 @@ def fp16_artifact(model_onnx: str | Path | OnnxArtifact = "model.onnx", out: str
     )
     if record is not None:
         derived.extra["numerics"] = record
-    return _save(m16, derived, dest)
+    return _save(m16, derived, dest, art, "convert-fp16")
 
 
 NUMERICS_IMAGES = 256  # images the FP16 headroom is measured on
@@ -616,10 +620,11 @@ def calibrate(
         derived.extra["guard"] = guard_info
     if headroom is not None:
         derived.extra["numerics"] = headroom
+    art.require_unchanged("calibrate")  # before the cache too: nothing written for a source that changed
     if not reused:
         _write_cache(cpath, key, model_sha, [files.name_of(i) for i in range(len(files))], n_read, ranges)
     try:
-        written = _save(qmodel, derived, dest)
+        written = _save(qmodel, derived, dest, art, "calibrate")
     except BaseException:
         if not reused:  # a failed write (a full disk) leaves no calibration cache without its model
             cpath.unlink(missing_ok=True)

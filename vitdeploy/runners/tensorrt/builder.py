@@ -18,7 +18,8 @@ from typing import Any
 
 from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import VitdeployError
-from vitdeploy.core.fileio import atomic_path, sha256_file
+from vitdeploy.core.fileio import atomic_path
+from vitdeploy.core.loaded import SourceReads, read_hashed
 from vitdeploy.core.manifest import Manifest, sidecar_path, tool_versions
 from vitdeploy.runners.tensorrt.inspector import UNKNOWN, Receipt, engine_information, judge, receipt_from_json
 from vitdeploy.runners.tensorrt.probe import TensorRTEnv
@@ -95,6 +96,10 @@ def compile_engine(spec: BuildSpec, env: TensorRTEnv, manifest: Manifest, graph:
     builder = trt_call(trt.Builder, log, what="trt.Builder")  # CUDA that cannot start: CudaUnavailable, one line
     network = builder.create_network(network_flags(trt, nplan))
     parser = trt_call(trt.OnnxParser, network, log, what="trt.OnnxParser")
+    # the source's SHA-256 from one read just before the parse; the file's identity then is checked again before the
+    # engine is written, so the bytes hashed are the bytes TensorRT parsed (core/loaded.py), never a later file
+    with SourceReads("build-engine") as reads:
+        read_hashed(spec.artifact)
     if not parser.parse_from_file(str(spec.artifact)):
         errors = [str(parser.get_error(i).desc()) for i in range(parser.num_errors)]
         raise VitdeployError(
@@ -134,7 +139,7 @@ def compile_engine(spec: BuildSpec, env: TensorRTEnv, manifest: Manifest, graph:
     record = engine_record(
         trt_version=version, gpu_name=env.gpu or "?", compute_capability=env.compute_capability or (0, 0),
         profile=spec.profile, input_name=spec.input_name, input_dims=spec.dims, plan=nplan, options=spec.options(),
-        build_seconds=seconds, source=spec.artifact, source_sha256=sha256_file(spec.artifact),
+        build_seconds=seconds, source=spec.artifact, source_sha256=reads.sha256(spec.artifact),
         cuda_runtime=env.cuda_runtime,
     )
     record["built_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -143,6 +148,7 @@ def compile_engine(spec: BuildSpec, env: TensorRTEnv, manifest: Manifest, graph:
     record["receipt"] = receipt.to_dict()
     say("receipt", record["receipt"])
     missed = judge(receipt, spec.precision)
+    reads.require_unchanged()  # re-written while it was built: one line, no engine that names other bytes
     side = sidecar_manifest(manifest, record, spec.artifact)
     sidecar = sidecar_path(spec.engine)
     if missed is not None:  # the precision asked for did not happen: keep the plan for a look, never as the engine
