@@ -32,6 +32,9 @@ def test_old_manifests_map_onto_the_timm_knobs() -> None:
     del old["final_norm"]
     assert ViTConfig.from_dict({**old, "pool": "mean"}).use_fc_norm is False
     assert ViTConfig().with_(pool="mean").use_fc_norm is False  # `train --pool mean` keeps the norm where it was
+    old_ctor = ViTConfig(pool="mean")  # the old constructor keyword still builds the old model
+    assert (old_ctor.global_pool, old_ctor.use_fc_norm, old_ctor.to_dict()["pool"]) == ("avg", False, "mean")
+    assert ViTConfig(pool="mean", final_norm="fc_norm") == ViTConfig().with_(pool="mean", final_norm="fc_norm")
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ these configs and re-exports every name here.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import InitVar, asdict, dataclass, field, replace
 from typing import Any
 
 from vitdeploy.core.errors import UsageError
@@ -101,8 +101,17 @@ class ViTConfig:
     mlp: str = "mlp"  # "swiglu_packed": timm's SwiGLUPacked (fc1 -> chunk); "swiglu": timm's SwiGLU (fc1_g, fc1_x)
     mlp_norm: bool = False  # LayerNorm inside the MLP before fc2 (timm's scale_mlp_norm; mlp.norm)
     # --- ring 2 (RoPE, relative position bias, q/v bias: timm's eva.py / beit.py) goes here ---
+    # The old constructor keyword: pool "cls" | "mean" (LayerNorm before the pooling unless final_norm says fc_norm).
+    pool: InitVar[str | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, pool: str | None = None) -> None:
+        if isinstance(self.final_norm, str) or pool is not None:  # the old names (pool, final_norm: norm | fc_norm)
+            legacy: dict[str, Any] = {"final_norm": self.final_norm} if isinstance(self.final_norm, str) else {}
+            if pool is not None:
+                legacy["pool"] = pool
+            gp = _LEGACY_POOL.get(pool, pool) if pool is not None else self.global_pool
+            for k, v in _legacy_head(legacy, gp, use_fc=False if self.fc_norm is None else self.fc_norm).items():
+                object.__setattr__(self, k, v)
         object.__setattr__(self, "image_size", _pair(self.image_size))
         h, w = self.image_size
         if h % self.patch_size or w % self.patch_size:
@@ -198,7 +207,7 @@ class ViTConfig:
         return replace(self, **_legacy_head(changes, gp, self.use_fc_norm))
 
 
-_DEFAULTS: dict[str, Any] = {k: f.default for k, f in ViTConfig.__dataclass_fields__.items()}
+_DEFAULTS: dict[str, Any] = {k: f.default for k, f in ViTConfig.__dataclass_fields__.items() if k != "pool"}
 # The fields added with the timm knobs: to_dict writes them only where they differ from the default.
 _NEW_FIELDS = frozenset(list(_DEFAULTS)[list(_DEFAULTS).index("class_token") :])
 

@@ -232,7 +232,7 @@ def load_timm(path: str | Path, arch: str, labels: str | Path | None = None, loa
               overrides: dict[str, Any] | None = None) -> Any:
     """A timm ViT state dict (plain, or inside a timm training checkpoint) with its timm model name."""
     from vitdeploy.model.checkpoint import Checkpoint, describe_foreign
-    from vitdeploy.model.importers import _check_fits, _float32, _manifest, labels_for, read_tensors
+    from vitdeploy.model.weights import _check_fits, _float32, _manifest, labels_for, read_tensors
 
     p = Path(path)
     spec = timm_arch(arch, overrides)
@@ -257,7 +257,7 @@ def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None,
     name's own), ``pretrained_cfg`` (preprocessing) and optionally ``label_names``; the weights are model.safetensors
     or pytorch_model.bin (timm/models/_hub.py: save_config_for_hf, _parse_model_cfg).
     """
-    from vitdeploy.model.importers import HF_CONFIG
+    from vitdeploy.model.sources import HF_CONFIG
 
     d = Path(folder)
     if cfg_json is None:
