@@ -397,9 +397,9 @@ def engine_dla_core(plan_file: Path) -> int | None:
         pass
     marker = Path(str(plan_file) + ".dla")
     if marker.exists():
-        text = read_bundle_bytes(marker.relative_to(HERE).as_posix(), "the DLA core file", 64).decode("ascii", "replace")
+        core_text = read_bundle_bytes(marker.relative_to(HERE).as_posix(), "the DLA core file", 64).decode("ascii", "replace")
         try:
-            return int(text.strip())
+            return int(core_text.strip())
         except ValueError:
             raise SystemExit(f"error: {marker.name}: not a DLA core number: rebuild the engine with "
                              "./build_engine.sh --dla N") from None
