@@ -591,7 +591,7 @@ def _device_bundle(work: Path, code: Path, *labels: str) -> subprocess.Completed
     """A no-target bundle in work/bundle of a small model with a LayerNormalization (TensorRT 8.5 gets a variant)."""
     env = {**os.environ, "PYTHONPATH": str(code)}
     return subprocess.run([sys.executable, "-c", _DEVICE_BUNDLE, str(work), *labels], env=env, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=600, cwd=work)  # not the caller's folder: `-c` puts it before PYTHONPATH
 
 
 def _sh(argv: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 10.0) -> tuple[int, str, str, float]:
