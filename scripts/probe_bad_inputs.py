@@ -660,7 +660,7 @@ def device_probes(work: Path, code: Path) -> list[tuple[str, str, str | None]]:
     rows.append(("build_engine.sh --dla 0, <engine>.dla a symlink", (err or out).strip()[-70:],
                  "wrote through the symlink" if victim.read_text() != "precious\n" else None))
     # 6. manifest.json lists /usr, ../x, a FIFO, /dev/zero: run.py --check and vitdeploy info, one line in < 2 s
-    for entry in ("/usr", "../x", "fifo", "/dev/zero"):
+    for entry in ("/usr", "../x", "fifo", "/dev/zero", "/etc/hostname"):
         b = fresh(f"entry{len(rows)}")
         (b.parent / "x").write_text("outside\n")
         if entry == "fifo":
@@ -673,8 +673,17 @@ def device_probes(work: Path, code: Path) -> list[tuple[str, str, str | None]]:
                                  {**os.environ, "PYTHONPATH": str(code)})):
             rc, out, err, took = _sh(argv, b, env, 20)
             bad = _one_line(rc, err) or (None if rc == 1 else f"exit {rc}, a bad entry taken")
+            if not bad and "SHA-256" in err:  # it hashed the entry: a read outside the bundle
+                bad = "read the entry (hashed it)"
             rows.append((f"{name}, manifest lists {entry}", f"{took:.1f} s: " + (err.strip()[-60:] or out[:60]),
                          bad))
+    # 6. labels.txt a FIFO (run.py --check counts its lines)
+    b = fresh("labelsfifo")
+    (b / "labels.txt").unlink()
+    os.mkfifo(b / "labels.txt")
+    rc, out, err, took = _sh([py, "run.py", "--check", "--backend", "onnxruntime"], b, noenv, 20)
+    rows.append(("run.py --check, labels.txt a FIFO", f"{took:.1f} s: " + (err.strip()[-60:] or out[:60]),
+                 _one_line(rc, err) or (None if rc == 1 else f"exit {rc}")))
     # 9. labels with characters str.splitlines() breaks on: bundle refuses (or run.py still counts right)
     w9 = work / "labels9"
     w9.mkdir()
