@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A Debian bullseye arm64 chroot: the oldest userland the bundle README promises run.py, build_engine.sh and the C++
 # example (Python 3.9, numpy 1.19.5, Pillow 8.1, OpenCV 4.5: the nearest Debian has to JetPack 5's 3.8 / 1.17 / 7.0 /
-# 4.2), run under qemu-user-static. tests/test_arm64.py uses it where it is ready and skips, with the reason, where not.
+# 4.2), run under qemu-user-static. Measured here (2 loaded cores): debootstrap with libopencv-dev did not finish in 25 min. tests/test_arm64.py uses it where it is ready and skips, with the reason, where not.
 #
 #   scripts/arm64_chroot.sh            # make it (root; debootstrap + qemu-user-static; ~10 min the first time)
 #   scripts/arm64_chroot.sh --check    # exit 0 when it is ready, else say why
@@ -11,7 +11,7 @@
 set -uo pipefail
 ROOT="${VITDEPLOY_ARM64_ROOT:-/var/cache/vitdeploy-arm64/bullseye}"
 MIRROR="${VITDEPLOY_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-PKGS=python3,python3-numpy,python3-pil,python3-opencv,python3-pip,g++,libopencv-dev,make
+PKGS=python3,python3-numpy,python3-pil,python3-pip,g++,libopencv-core-dev,libopencv-imgcodecs-dev  # no python3-opencv, libopencv-dev: GDAL, Qt, VTK under qemu took > 50 min here
 say() { echo "arm64 chroot: $*" >&2; }
 
 ready() {
