@@ -702,7 +702,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="a trained digits checkpoint for the scratch folder (copied) instead of training one epoch")
     ap.add_argument("--scratch", type=Path, metavar="DIR",
                     help="make the scratch folder once in DIR and reuse it when it is there (the shards of a run)")
+    ap.add_argument("--device", action="store_true", help="only issue 31's device-side cases (run.py, build_engine.sh)")
     a = ap.parse_args(argv)
+    if a.device:
+        return main_device(a.code.resolve(), a.keep)
     chosen = [p for p in probes() + issue31_cli_probes() if not (a.fast and p.slow)
               and (not a.only or any(t in f"{p.args[0]} {p.what}" for t in a.only))]
     if a.shard:
@@ -733,6 +736,180 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(r.changed)[:30]:30} | {r.last}{mark}")
     bad = [r for r in rows if r.broken]
     print(f"\n{len(rows)} probes, {len(bad)} broke a promise")
+    return 1 if bad else 0
+
+
+# ================================================================== issue 31, the device side (run.py, build_engine.sh,
+# `vitdeploy info` on a bundle someone handed over): each case makes what a device copy can meet and checks the
+# promise. `--device`: these cases only (their own table; about a minute).
+
+
+_DEVICE_BUNDLE = r"""
+import sys
+from pathlib import Path
+import numpy as np, onnx
+from onnx import TensorProto, helper, numpy_helper
+from vitdeploy.core.manifest import Manifest, set_onnx_manifest
+from vitdeploy.core.preprocess import Preprocess
+from vitdeploy.stages.bundle import BundleOptions, bundle
+d = Path(sys.argv[1]); labels = sys.argv[2:] or list("abcde")
+rng = np.random.default_rng(0)
+inits = [numpy_helper.from_array(rng.normal(0, 0.02, (768, 5)).astype(np.float32), "W"),
+         numpy_helper.from_array(np.ones(768, np.float32), "g"), numpy_helper.from_array(np.zeros(768, np.float32), "b")]
+g = helper.make_graph([helper.make_node("Flatten", ["pixel_values"], ["f"], axis=1),
+                       helper.make_node("LayerNormalization", ["f", "g", "b"], ["n"], axis=-1),
+                       helper.make_node("MatMul", ["n", "W"], ["logits"])], "ln",
+                      [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, 16, 16])],
+                      [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 5])], inits)
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+set_onnx_manifest(m, Manifest(model={"num_classes": 5, "image_size": [16, 16]}, labels=labels,
+                              preprocess=Preprocess(input_size=(16, 16), resize_mode="squash").to_dict(), name="tiny",
+                              precision="fp32"))
+onnx.save(m, str(d / "model.onnx"))
+bundle([d / "model.onnx"], d / "bundle", BundleOptions(references=4))
+"""
+
+
+def _device_bundle(work: Path, code: Path, *labels: str) -> subprocess.CompletedProcess[str]:
+    """A no-target bundle in work/bundle of a small model with a LayerNormalization (TensorRT 8.5 gets a variant)."""
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    return subprocess.run([sys.executable, "-c", _DEVICE_BUNDLE, str(work), *labels], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=work)  # not the caller's folder: `-c` puts it before PYTHONPATH
+
+
+def _sh(argv: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 10.0) -> tuple[int, str, str, float]:
+    t = time.monotonic()
+    try:
+        r = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                           errors="backslashreplace")
+        return r.returncode, r.stdout, r.stderr, time.monotonic() - t
+    except subprocess.TimeoutExpired:
+        return -9, "", f"(killed: still running after {timeout:g} s)", time.monotonic() - t
+
+
+def _fake_trtexec(bindir: Path) -> dict[str, str]:
+    bindir.mkdir(exist_ok=True)
+    (bindir / "trtexec").write_text('#!/usr/bin/env bash\n[ "$1" = --help ] && exit 0\nfor a in "$@"; do case "$a" in '
+                                    '--saveEngine=*) echo plan > "${a#--saveEngine=}" ;; esac; done\n')
+    (bindir / "trtexec").chmod(0o755)
+    return {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+
+
+def _one_line(rc: int, err: str) -> str | None:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    if rc == -9:
+        return "hung"
+    if "Traceback" in err:
+        return "traceback"
+    return None if rc in (0, 3) or len(lines) == 1 else f"{len(lines)} lines on stderr"
+
+
+def device_probes(work: Path, code: Path) -> list[tuple[str, str, str | None]]:
+    """(case, what happened, broken promise or None) for each device-side case of issue 31."""
+    _device_bundle(work, code).check_returncode()
+    made = work / "bundle"
+    py, rows = sys.executable, []
+    noenv = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def fresh(name: str) -> Path:
+        b = work / name
+        shutil.copytree(made, b, symlinks=True)
+        return b
+
+    # 1. the engine build_engine.sh writes is the one run.py --check names
+    for v in ("8.5", "8.6", "10.3", "11.4"):
+        b = fresh(f"engine{v}")
+        env = _fake_trtexec(work / "bin")
+        rc, out, err, _ = _sh(["bash", "build_engine.sh", "--trt", v], b, env, 60)
+        wrote = next((ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("wrote ")), "?")
+        rc, out, err, _ = _sh([py, "run.py", "--check"], b, noenv, 60)
+        said = (out + err).strip().splitlines()[-1:] or [""]
+        rows.append((f"run.py --check after build_engine.sh --trt {v}", said[0][:70],
+                     None if wrote in out + err else f"does not name {wrote}"))
+    # 4. --model outside the bundle: the file hashed must be the file run
+    b = fresh("outside")
+    (work / "other").mkdir(exist_ok=True)
+    shutil.copy(b / "model.raw.onnx", work / "other" / "model.raw.onnx")
+    rc, out, err, _ = _sh([py, "run.py", "--model", "../other/model.raw.onnx", "--check", "--backend", "onnxruntime"],
+                          b, noenv, 60)
+    rows.append(("run.py --model ../other/model.raw.onnx --check", (out + err).strip()[:70],
+                 "ran a file outside the bundle" if rc == 0 else _one_line(rc, err)))
+    # 5. a planted <engine>.dla symlink
+    b = fresh("dla")
+    victim = work / "victim.txt"
+    victim.write_text("precious\n")
+    os.symlink(victim, b / "model.raw.engine.dla")
+    rc, out, err, _ = _sh(["bash", "build_engine.sh", "--trt", "10.3", "--dla", "0"], b, _fake_trtexec(work / "bin"), 60)
+    rows.append(("build_engine.sh --dla 0, <engine>.dla a symlink", (err or out).strip()[-70:],
+                 "wrote through the symlink" if victim.read_text() != "precious\n" else None))
+    # 6. manifest.json lists /usr, ../x, a FIFO, /dev/zero: run.py --check and vitdeploy info, one line in < 2 s
+    for entry in ("/usr", "../x", "fifo", "/dev/zero", "/etc/hostname"):
+        b = fresh(f"entry{len(rows)}")
+        (b.parent / "x").write_text("outside\n")
+        if entry == "fifo":
+            os.mkfifo(b / "fifo")
+        man = json.loads((b / "manifest.json").read_text())
+        man["bundle"]["artifacts"][entry] = {"precision": "fp32", "sha256": "0" * 64}
+        (b / "manifest.json").write_text(json.dumps(man))
+        for name, argv, env in (("run.py --check", [py, "run.py", "--check"], noenv),
+                                ("vitdeploy info", [py, "-m", "vitdeploy", "info", str(b)],
+                                 {**os.environ, "PYTHONPATH": str(code)})):
+            rc, out, err, took = _sh(argv, b, env, 20)
+            bad = _one_line(rc, err) or (None if rc == 1 else f"exit {rc}, a bad entry taken")
+            if not bad and "SHA-256" in err:  # it hashed the entry: a read outside the bundle
+                bad = "read the entry (hashed it)"
+            rows.append((f"{name}, manifest lists {entry}", f"{took:.1f} s: " + (err.strip()[-60:] or out[:60]),
+                         bad))
+    # 6. labels.txt a FIFO (run.py --check counts its lines)
+    b = fresh("labelsfifo")
+    (b / "labels.txt").unlink()
+    os.mkfifo(b / "labels.txt")
+    rc, out, err, took = _sh([py, "run.py", "--check", "--backend", "onnxruntime"], b, noenv, 20)
+    rows.append(("run.py --check, labels.txt a FIFO", f"{took:.1f} s: " + (err.strip()[-60:] or out[:60]),
+                 _one_line(rc, err) or (None if rc == 1 else f"exit {rc}")))
+    # 9. labels with characters str.splitlines() breaks on: bundle refuses (or run.py still counts right)
+    w9 = work / "labels9"
+    w9.mkdir()
+    try:
+        r = _device_bundle(w9, code, "a", "b\u2028c", "d", "e\x85f", "g")
+        if r.returncode == 0:
+            rc, out, err, _ = _sh([py, "run.py", "--check", "--backend", "onnxruntime"], w9 / "bundle", noenv, 60)
+            rows.append(("bundle + run.py --check, labels with \\u2028 \\x85", (err or out).strip()[:70],
+                         None if rc == 0 else f"bundle exit 0, run.py exit {rc}"))
+        else:
+            last = r.stderr.strip().splitlines()[-1:] or [""]
+            rows.append(("bundle, labels with \\u2028 \\x85", last[0][:70],
+                         "traceback" if "Traceback" in r.stderr and "VitdeployError" not in r.stderr else None))
+    except subprocess.TimeoutExpired:
+        rows.append(("bundle, labels with \\u2028 \\x85", "hung", "hung"))
+    # 14. run.py --help without Pillow
+    b = fresh("nopil")
+    (work / "nopil" / "PIL").mkdir(parents=True)
+    (work / "nopil" / "PIL" / "__init__.py").write_text("raise ImportError('No module named PIL')\n")
+    rc, out, err, _ = _sh([py, "run.py", "--help"], b, {**noenv, "PYTHONPATH": str(work / "nopil")}, 60)
+    rows.append(("run.py --help without Pillow", (err.strip().splitlines() or [out[:60]])[-1][:70],
+                 "traceback" if "Traceback" in err else (None if rc == 0 else f"exit {rc}")))
+    # 8 (run.py's side). a file name with a terminal escape
+    b = fresh("names")
+    (work / "imgs").mkdir(exist_ok=True)
+    shutil.copy(next((b / "reference" / "images").iterdir()), work / "imgs" / "a\x1b[2Jb.png")
+    rc, out, err, _ = _sh([py, "run.py", str(work / "imgs"), "--backend", "onnxruntime"], b, noenv, 60)
+    rows.append(("run.py IMAGES, a file name with ESC[2J", out.strip()[:70].encode("unicode_escape").decode(),
+                 "printed the escape raw" if "\x1b" in out + err else _one_line(rc, err)))
+    return rows
+
+
+def main_device(code: Path, keep: Path | None) -> int:
+    with tempfile.TemporaryDirectory(prefix="vitdeploy-probe-device-") as tmp:
+        work = (keep if keep else Path(tmp)) / "device"
+        work.mkdir(parents=True)
+        rows = device_probes(work, code)
+    w = 52
+    print(f"{'case':{w}} | broken? | what happened")
+    for case, what, broken in rows:
+        print(f"{case[:w]:{w}} | {'YES' if broken else 'no ':7} | {what}" + (f"   <-- {broken}" if broken else ""))
+    bad = [r for r in rows if r[2]]
+    print(f"\n{len(rows)} device probes, {len(bad)} broke a promise")
     return 1 if bad else 0
 
 

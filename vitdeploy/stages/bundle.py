@@ -490,6 +490,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     if default not in found:
         raise UsageError(f"--precision {default}: no {default} model given (have {', '.join(precisions)})")
     base = manifests["fp32"] if "fp32" in manifests else manifests[default]
+    labels_file(base.labels)  # a label labels.txt cannot hold is refused before any work
     pp = base.pp()
     h, w = pp.input_size
     name = triton_name(opts.name or base.name)
@@ -588,6 +589,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     (tri / "labels.txt").write_text(labels_file(base.labels))
 
     (root / "labels.txt").write_text(labels_file(base.labels))
+    engines = engine_entries(matrix)
     manifest = base.derive(
         precision=default,
         target=target,
@@ -599,7 +601,8 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
             "precisions": precisions,
             "batch": {"min": opts.min_batch, "opt": opts.opt_batch, "max": opts.max_batch},
             "artifacts": artifacts,
-            "tensorrt": {"matrix": matrix, "why": VARIANTS_WHY if target is None else f"made for {target}"},
+            "tensorrt": {"matrix": matrix, "engines": engines,
+                         "why": VARIANTS_WHY if target is None else f"made for {target}"},
             "triton": {"name": name, "model": f"triton/{name}/1/model.onnx", "source": triton_src},
             "deepstream": {"config": "deepstream/config_infer_primary.txt", "onnx": f"deepstream/{ds_onnx.name}"},
             "reference": {
@@ -618,7 +621,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     values = {
         "NAME": name, "PRECISION": default, "AVAILABLE": " ".join(precisions), "H": h, "W": w,
         "MIN": opts.min_batch, "OPT": opts.opt_batch, "MAX": opts.max_batch, "TRITON_SOURCE": triton_src,
-        "CLASSES": base.num_classes, "MATRIX": matrix_case(matrix), "TARGET": target or "none",
+        "CLASSES": base.num_classes, "MATRIX": matrix_case(engines), "TARGET": target or "none",
     }
     write_cpp(root, base, raw_variant_name(ONNX_NAMES[default]))
     shutil.copyfile(TEMPLATES / "run.py", root / "run.py")
@@ -788,10 +791,28 @@ def _invalid(model: Any) -> list[str]:
     return []
 
 
-def matrix_case(matrix: dict[str, dict[str, str]]) -> str:
-    """build_engine.sh's table: one ``line:precision) echo file ;;`` arm per entry (bash 3 has no maps)."""
-    arms = [f"    {line}:{prec}) echo {fname[: -len('.onnx')]} ;;" for line, row in matrix.items()
-            for prec, fname in row.items()]
+def engine_entries(matrix: dict[str, dict[str, str]]) -> dict[str, dict[str, dict[str, str]]]:
+    """TensorRT line -> shipped model (``model.int8.raw.onnx``, ``model.int8.onnx``, ...) -> the ONNX that line builds
+    for it and the engine file it writes: manifest.json's ``bundle.tensorrt.engines``, the ONE entry build_engine.sh
+    (its table is rendered from it) and run.py (which reads it) both take the engine's name from."""
+    out: dict[str, dict[str, dict[str, str]]] = {}
+    for line, row in matrix.items():
+        out[line] = {}
+        for prec, fname in row.items():
+            for shipped, built in ((raw_variant_name(ONNX_NAMES[prec]), raw_variant_name(fname)), (ONNX_NAMES[prec], fname)):
+                out[line][shipped] = {"onnx": built, "engine": f"{built[: -len('.onnx')]}.engine", "precision": prec}
+    return out
+
+
+def matrix_case(engines: dict[str, dict[str, dict[str, str]]]) -> str:
+    """build_engine.sh's table, rendered from manifest.json's ``engines`` entry: one ``line:precision) echo RAW_ONNX
+    RAW_ENGINE ONNX ENGINE ;;`` arm per entry (bash 3 has no maps)."""
+    arms = []
+    for line, row in engines.items():
+        for prec in PRECISIONS:
+            raw, plain = row.get(raw_variant_name(ONNX_NAMES[prec])), row.get(ONNX_NAMES[prec])
+            if raw and plain:
+                arms.append(f"    {line}:{prec}) echo {raw['onnx']} {raw['engine']} {plain['onnx']} {plain['engine']} ;;")
     return "\n".join(arms) if arms else "    none) ;;"
 
 

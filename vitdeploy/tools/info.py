@@ -81,7 +81,11 @@ def read(path: Path, kind: str) -> Manifest:
     """The manifest of one artifact, read the way its kind stores it."""
     if kind == "bundle":
         try:
-            return Manifest.from_json((path / "manifest.json").read_text(encoding="utf-8"))
+            from vitdeploy.core.bundle_paths import read_bundle_text
+
+            return Manifest.from_json(read_bundle_text(path, "manifest.json"))
+        except UnreadableArtifact as e:
+            raise UnreadableArtifact(f"{path}: {e}") from None
         except (OSError, ValueError, KeyError) as e:
             raise UnreadableArtifact(f"{path}/manifest.json: not a vitdeploy manifest ({type(e).__name__})") from None
     if kind == "engine":
@@ -133,15 +137,24 @@ def lineage(path: Path, m: Manifest) -> list[Link]:
 
 
 def bundle_files(folder: Path, m: Manifest) -> list[Link]:
-    """Each file a bundle packed, against the SHA-256 its manifest recorded (a file edited after packing: stale)."""
+    """Each file a bundle packed, against the SHA-256 its manifest recorded (a file edited after packing: stale).
+    Every entry is held to the bundle's own rule first (core.bundle_paths: relative, inside, a regular file, bounded):
+    a bundle someone sent is read only inside itself."""
+    from vitdeploy.core.bundle_paths import bundle_file, bundle_sha256
+
     out = []
     for name, rec in (m.extra.get("bundle", {}).get("artifacts") or {}).items():
         recorded = rec.get("sha256") if isinstance(rec, dict) else None
-        f = folder / name
-        if not f.exists():
+        f = folder / name if isinstance(name, str) else folder
+        if isinstance(name, str) and not f.exists() and not f.is_symlink() and ".." not in name.split("/") \
+                and not name.startswith("/"):
             out.append(Link(folder.name, name, recorded, None, "missing"))
             continue
-        actual = _sha(f)
+        try:
+            bundle_file(folder, name)
+            actual = bundle_sha256(folder, name)
+        except UnreadableArtifact as e:
+            raise UnreadableArtifact(f"{folder}: {e}") from None
         out.append(Link(folder.name, name, recorded, actual,
                         "unrecorded" if not recorded else ("current" if actual == recorded else "stale")))
     return out

@@ -38,8 +38,9 @@ USE_TRTEXEC=0
 DRY_RUN=0
 BUNDLE_TARGET=@@TARGET@@
 
-# TensorRT line:precision -> the model (without .onnx) that line builds as intended
-line_model() {
+# TensorRT line:precision -> what that line builds as intended: RAW_ONNX RAW_ENGINE ONNX ENGINE. Rendered from
+# manifest.json's bundle.tensorrt.engines, the entry run.py reads to find the engine this script writes.
+line_entry() {
   case "$1" in
 @@MATRIX@@
     *) ;;
@@ -48,13 +49,46 @@ line_model() {
 
 die() { echo "build_engine.sh: $*" >&2; exit 1; }
 
+# A bundle reads and writes only itself (the rule run.py and `vitdeploy info` apply to manifest.json's entries):
+# a file it reads is a relative path inside this folder, a regular file, at most MAX_READ bytes; a file it writes
+# is inside this folder and not a symlink, and is written to a new temporary file, then renamed into place.
+MAX_READ=$((8 * 1024 * 1024 * 1024))
+HERE="$(pwd -P)"
+inside() {  # the folder that would hold $1, resolved, is this bundle or below it
+  local dir
+  dir="$(cd "$(dirname -- "$1")" 2>/dev/null && pwd -P)" || return 1
+  case "$dir/" in "$HERE/"*) return 0 ;; *) return 1 ;; esac
+}
+entry_ok() {
+  case "$1" in
+    /*|../*|*/../*|*/..|..|"") die "$1: not a path inside this bundle (an absolute or ../ path): copy the bundle again" ;;
+  esac
+  inside "$1" || die "$1: not inside this bundle: copy the bundle again"
+  if [ -L "$1" ]; then
+    local target
+    target="$(readlink -f -- "$1")" || die "$1: a broken symlink: copy the bundle again"
+    case "$target" in "$HERE/"*) ;; *) die "$1: a symlink out of this bundle: copy the bundle again" ;; esac
+  fi
+  [ -e "$1" ] || die "$1 is missing from this bundle"
+  [ -f "$1" ] || die "$1: not a regular file: copy the bundle again"
+  local size
+  size="$(stat -c %s -- "$1" 2>/dev/null || wc -c < "$1")"
+  [ "$size" -le "$MAX_READ" ] || die "$1: $size bytes, more than a bundle file may hold ($MAX_READ): copy the bundle again"
+}
+dest_ok() {
+  [ ! -L "$1" ] || die "$1 is a symlink: this script writes only files of this bundle; remove it and run again"
+  inside "$1" || die "$1: its folder is not inside this bundle (a symlinked folder?); remove it and run again"
+  [ ! -e "$1" ] || [ -f "$1" ] || die "$1: not a regular file; remove it and run again"
+}
+
 while [ $# -gt 0 ]; do
   case "$1" in
     --precision) PRECISION="${2:?--precision needs fp32, fp16 or int8}"; shift 2 ;;
     --normalized) VARIANT=normalized; shift ;;
     --triton) TRITON=1; shift ;;
     --deepstream) DEEPSTREAM=1; shift ;;
-    --dla) DLA="${2:?--dla needs a core number}"; shift 2 ;;
+    --dla) DLA="${2:?--dla needs a core number}"; shift 2
+           case "$DLA" in *[!0-9]*|"") die "--dla $DLA: give a DLA core number such as 0 or 1" ;; esac ;;
     --batch) IFS=: read -r MIN OPT MAX <<< "${2:?--batch needs MIN:OPT:MAX}"; shift 2 ;;
     --trtexec) USE_TRTEXEC=1; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
@@ -93,26 +127,30 @@ if [ "$TRT_MAJOR" -le 8 ]; then
   if [ "$TRT_MINOR" -le 5 ]; then LINE=trt8.5; else LINE=trt8.6; fi
 elif [ "$TRT_MAJOR" -le 10 ]; then LINE=trt10
 else LINE=trt11; fi
-BASE="$(line_model "$LINE:$PRECISION")"
-[ -n "$BASE" ] || die "no $PRECISION model in this bundle builds as intended on TensorRT $TRT_VERSION (made for: $BUNDLE_TARGET; see README.md): re-bundle with --target for this device, or pass --precision"
+ENTRY="$(line_entry "$LINE:$PRECISION")"
+read -r RAW_ONNX RAW_ENGINE PLAIN_ONNX PLAIN_ENGINE _ <<< "$ENTRY" || true
+BASE="${PLAIN_ONNX%.onnx}"
+[ -n "$ENTRY" ] || die "no $PRECISION model in this bundle builds as intended on TensorRT $TRT_VERSION (made for: $BUNDLE_TARGET; see README.md): re-bundle with --target for this device, or pass --precision"
 
 if [ "$DEEPSTREAM" = 1 ]; then
   [ "$PRECISION" = @@PRECISION@@ ] || die "the DeepStream variant is the @@PRECISION@@ model; re-bundle with --precision $PRECISION"
   # the DeepStream form of the model this TensorRT builds (the config names model.ds.engine whichever it is)
-  if [ "$BASE.raw.onnx" = "$TRITON_SOURCE" ]; then ONNX=deepstream/model.ds.onnx; else ONNX=deepstream/$BASE.ds.onnx; fi
+  if [ "$RAW_ONNX" = "$TRITON_SOURCE" ]; then ONNX=deepstream/model.ds.onnx; else ONNX=deepstream/$BASE.ds.onnx; fi
   ENGINE=deepstream/model.ds.engine
   INPUT=images; SHAPE="3x${H}x${W}"
 elif [ "$VARIANT" = raw ]; then
-  ONNX=$BASE.raw.onnx; ENGINE=$BASE.raw.engine
+  ONNX=$RAW_ONNX; ENGINE=$RAW_ENGINE
   INPUT=images; SHAPE="${H}x${W}x3"
 else
-  ONNX=$BASE.onnx; ENGINE=$BASE.engine
+  ONNX=$PLAIN_ONNX; ENGINE=$PLAIN_ENGINE
   INPUT=pixel_values; SHAPE="3x${H}x${W}"
 fi
 if [ "$TRITON" = 1 ] && { [ "$VARIANT" != raw ] || [ "$DEEPSTREAM" = 1 ] || [ "$PRECISION" != @@PRECISION@@ ]; }; then
   die "Triton serves $TRITON_SOURCE; build it with: ./build_engine.sh --triton (without --precision/--normalized/--deepstream)"
 fi
-[ -f "$ONNX" ] || die "$ONNX is missing from this bundle"
+entry_ok "$ONNX"
+for f in "$ENGINE" "$ENGINE.dla" timing.cache; do dest_ok "$f"; done
+if [ "$TRITON" = 1 ]; then for f in "triton/$NAME/1/model.plan" "triton/$NAME/config.pbtxt"; do dest_ok "$f"; done; fi
 if [ -n "$DLA" ]; then   # DLA takes no dynamic shapes and runs FP16 or INT8 only
   [ "$PRECISION" != fp32 ] || die "DLA runs FP16 or INT8: pass --precision fp16 or int8 (this bundle has: $AVAILABLE)"
   MIN=$OPT; MAX=$OPT
@@ -125,8 +163,10 @@ if [ "$USE_TRTEXEC" = 0 ] && command -v vitdeploy >/dev/null 2>&1; then
        --timing-cache timing.cache)
   [ -n "$DLA" ] && CMD+=(--dla-core "$DLA")
 else
-  TMP="$ENGINE.tmp.$$"
-  trap 'rm -f "$TMP"' EXIT
+  if [ "$DRY_RUN" = 1 ]; then TMP="$ENGINE.tmp.XXXXXX"; else
+    TMP="$(mktemp "$ENGINE.tmp.XXXXXX")" || die "cannot create a temporary file beside $ENGINE"
+    trap 'rm -f "$TMP"' EXIT
+  fi
   if [ -z "$TRTEXEC" ]; then
     [ "$DRY_RUN" = 1 ] || die "neither vitdeploy nor trtexec found: install JetPack's TensorRT (trtexec is in /usr/src/tensorrt/bin) or pip install vitdeploy"
     TRTEXEC=trtexec
@@ -159,11 +199,15 @@ echo "+ ${CMD[*]}"
 [ "$TMP" = "$ENGINE" ] || mv -f "$TMP" "$ENGINE"
 trap - EXIT
 # run.py sets the runtime's DLA core from this before loading a DLA engine (vitdeploy's sidecar says it too)
-if [ -n "$DLA" ]; then echo "$DLA" > "$ENGINE.dla"; else rm -f "$ENGINE.dla"; fi
+if [ -n "$DLA" ]; then
+  T="$(mktemp "$ENGINE.dla.XXXXXX")" && printf '%s\n' "$DLA" > "$T" && mv -f "$T" "$ENGINE.dla" \
+    || { rm -f "$T"; die "cannot write $ENGINE.dla"; }
+else rm -f "$ENGINE.dla"; fi
 echo "wrote $ENGINE"
 
 if [ "$TRITON" = 1 ]; then
-  cp "$ENGINE" "triton/$NAME/1/model.plan.tmp.$$" && mv -f "triton/$NAME/1/model.plan.tmp.$$" "triton/$NAME/1/model.plan"
+  T="$(mktemp "triton/$NAME/1/model.plan.XXXXXX")" && cp "$ENGINE" "$T" && mv -f "$T" "triton/$NAME/1/model.plan" \
+    || { rm -f "$T"; die "cannot write triton/$NAME/1/model.plan"; }
   sed -i.bak 's/^platform: "onnxruntime_onnx"$/platform: "tensorrt_plan"/' "triton/$NAME/config.pbtxt" && rm -f "triton/$NAME/config.pbtxt.bak"
   echo "installed triton/$NAME/1/model.plan (config.pbtxt: platform tensorrt_plan)"
 fi

@@ -1,18 +1,24 @@
 #!/usr/bin/env python3
 """Classify images with this bundle: numpy, Pillow and TensorRT (or ONNX Runtime) only, no torch, no vitdeploy.
 
-Python 3.8+ (JetPack 5), numpy and Pillow as JetPack ships them.
+Python 3.8+ (JetPack 5), numpy and Pillow as JetPack ships them (Pillow only to read images: --help and a
+--check of the engine need numpy alone).
 
     python3 run.py IMAGE_OR_FOLDER ...          # label and score per image
     python3 run.py --check                      # compare the engine (or ONNX) with the bundle's reference logits
 
 The default model is the raw-pixel variant (uint8 RGB in, logits out: scaling,
 mean/std and layout are inside the graph), so this program only decodes,
-resizes and crops, exactly as vitdeploy does. With an engine built by
-./build_engine.sh beside the ONNX it runs on TensorRT, else on ONNX Runtime.
+resizes and crops, exactly as vitdeploy does. With the engine ./build_engine.sh
+built for this TensorRT (manifest.json's bundle.tensorrt.engines names it) it runs
+on TensorRT, else on ONNX Runtime; an engine here without TensorRT's Python module
+is said, never passed over for the ONNX quietly.
 
 Every failure is one line on stderr and exit 1 (2 for a wrong option); RUN_PY_DEBUG=1 shows the traceback. Every
-run first checks the model file against the SHA-256 that manifest.json records (--check: every model file).
+run first checks the model file against the SHA-256 that manifest.json records (--check: every model file), and
+runs the very bytes it hashed. Every file manifest.json names is read only when it is a relative path inside this
+folder, a regular file, and not larger than a bundle file may be (the rule `vitdeploy info` and build_engine.sh
+apply). Images are decoded one batch at a time.
 """
 
 from __future__ import annotations
@@ -24,23 +30,104 @@ import hashlib
 import json
 import math
 import os
+import re
+import stat
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from PIL import Image, ImageOps
 
 HERE = Path(__file__).resolve().parent
 EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
-_R = getattr(Image, "Resampling", Image)  # Pillow < 9.1 (JetPack 5's python3-pil) has the constants on Image
-INTERP = {"nearest": _R.NEAREST, "bilinear": _R.BILINEAR, "bicubic": _R.BICUBIC, "lanczos": _R.LANCZOS, "box": _R.BOX,
-          "hamming": _R.HAMMING}
+
+
+def pil() -> Any:
+    """Pillow, imported when an image is read (JetPack may lack it: the README says pip install pillow)."""
+    try:
+        from PIL import Image, ImageOps  # noqa: F401 - ImageOps is reached as PIL.ImageOps
+    except ImportError:
+        raise SystemExit("error: reading images needs Pillow, which is not installed here: python3 -m pip install "
+                         "pillow (or sudo apt install python3-pil)") from None
+    import PIL
+
+    return PIL
+
+
+def interp(name: str) -> Any:
+    image = pil().Image
+    r = getattr(image, "Resampling", image)  # Pillow < 9.1 (JetPack 5's python3-pil) has the constants on Image
+    return {"nearest": r.NEAREST, "bilinear": r.BILINEAR, "bicubic": r.BICUBIC, "lanczos": r.LANCZOS, "box": r.BOX,
+            "hamming": r.HAMMING}[name]
+
+
+# --- text: what a label or a path prints as --------------------------------------------------------------
+
+# C0/C1 controls, DEL, and the line/paragraph separators and bidi controls that can forge or reorder a line
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def safe(text: object) -> str:
+    """``text`` with control characters escaped (\\x1b, \\u2028, ...): a label or file name prints as one inert line."""
+    s = str(text)
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), s) if _UNSAFE.search(s) else s
+
+
+# --- the bundle's own files: relative, inside, regular, bounded -----------------------------------------------
+
+MAX_BYTES = 8 << 30  # a model, engine or array (ViT-H FP32 is 2.5 GB)
+MAX_TEXT_BYTES = 64 << 20  # manifest.json, labels.txt
+
+
+def bundle_file(rel: object, what: str = "manifest.json lists", limit: int = MAX_BYTES) -> Path:
+    """The bundle file ``rel`` names, or one line (exit 1) naming the entry: an absolute or ../ path, a path out of
+    the bundle (also through a symlink), anything but a regular file (a FIFO, a device, a folder), or a file larger
+    than ``limit``. The same rule as vitdeploy's core/bundle_paths.py (`vitdeploy info`) and build_engine.sh."""
+    name = safe(rel)
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel \
+            or ".." in rel.split("/"):
+        raise SystemExit(f"error: {what} {name!r}: not a relative path inside this bundle: copy the bundle again")
+    p = HERE / rel
+    try:
+        real = p.resolve()
+        real.relative_to(HERE)
+    except (ValueError, OSError, RuntimeError):
+        raise SystemExit(f"error: {what} {name!r}: it leads out of this bundle: copy the bundle again") from None
+    try:
+        st = os.stat(real)
+    except OSError:
+        raise SystemExit(f"error: {name} is missing from this bundle: copy the bundle again") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SystemExit(f"error: {what} {name!r}: not a regular file: copy the bundle again")
+    if st.st_size > limit:
+        raise SystemExit(f"error: {what} {name!r}: {st.st_size} bytes, more than a bundle file may hold ({limit}): "
+                         "copy the bundle again")
+    return real
+
+
+def read_bundle_bytes(rel: object, what: str = "manifest.json lists", limit: int = MAX_BYTES) -> bytes:
+    """The bytes of a bundle file, read through one descriptor checked again after opening (no FIFO, no growth)."""
+    path = bundle_file(rel, what, limit)
+    fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            raise SystemExit(f"error: {what} {safe(rel)!r}: not a regular file of a bounded size: copy the bundle again")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise SystemExit(f"error: {what} {safe(rel)!r}: it grew past {limit} bytes while read: copy the bundle again")
+    return data
 
 
 # --- images: the same decode / resize / crop as vitdeploy.preprocess -----------------------------------
 
 
-def to_rgb(img: Image.Image) -> Image.Image:
+def to_rgb(img: Any) -> Any:
+    Image, ImageOps = pil().Image, pil().ImageOps  # noqa: N806 - Pillow's module names
     try:
         img = ImageOps.exif_transpose(img)
     except Exception:
@@ -63,11 +150,11 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def resize_crop(img: Image.Image, pp: dict) -> Image.Image:
+def resize_crop(img: Any, pp: dict) -> Any:
     h, w = (int(v) for v in pp["input_size"])
-    interp = INTERP[pp.get("interpolation", "bicubic")]
+    mode = interp(pp.get("interpolation", "bicubic"))
     if pp.get("resize_mode", "shorter") == "squash":
-        return img.resize((w, h), interp) if img.size != (w, h) else img
+        return img.resize((w, h), mode) if img.size != (w, h) else img
     crop_pct = float(pp.get("crop_pct", 0.875))
     rh, rw = math.floor(h / crop_pct), math.floor(w / crop_pct)
     iw, ih = img.size
@@ -79,17 +166,17 @@ def resize_crop(img: Image.Image, pp: dict) -> Image.Image:
         scale = max(rh / ih, rw / iw)
         nw, nh = max(rw, round(iw * scale)), max(rh, round(ih * scale))
     if (nw, nh) != (iw, ih):
-        img = img.resize((nw, nh), interp)
+        img = img.resize((nw, nh), mode)
     top, left = int(round((nh - h) / 2.0)), int(round((nw - w) / 2.0))
     if nh < h or nw < w:
-        img = img.resize((max(nw, w), max(nh, h)), interp)
+        img = img.resize((max(nw, w), max(nh, h)), mode)
         top, left = max(top, 0), max(left, 0)
     return img.crop((left, top, left + w, top + h))
 
 
 def load_resized(path: Path, pp: dict) -> np.ndarray:
     """The resized, cropped RGB image as uint8 HWC."""
-    with Image.open(path) as im:
+    with pil().Image.open(path) as im:
         im.load()
         return np.asarray(resize_crop(to_rgb(im), pp), dtype=np.uint8)
 
@@ -126,12 +213,13 @@ def model_input(images: np.ndarray, spec: dict, pp: dict) -> np.ndarray:
 class OrtModel:
     backend = "onnxruntime"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, data: bytes | None = None) -> None:
         import onnxruntime as ort
 
         providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
-        try:
-            self.session = ort.InferenceSession(str(path), providers=providers)
+        self.name = path.name
+        try:  # the bytes that were hashed, when given: what is checked is what runs
+            self.session = ort.InferenceSession(data if data is not None else str(path), providers=providers)
         except Exception as e:  # noqa: BLE001 - InvalidProtobuf, NoSuchFile, ...: one line
             raise SystemExit(f"error: {path.name}: ONNX Runtime cannot load it ({type(e).__name__}: "
                              f"{_first_line(e)}): copy the bundle again") from None
@@ -212,6 +300,7 @@ class TrtModel:
     def __init__(self, path: Path, dla_core: int | None = None) -> None:
         import tensorrt as trt
 
+        self.name = path.name
         self.trt = trt
         logger = trt.Logger(trt.Logger.WARNING)
         try:
@@ -225,7 +314,7 @@ class TrtModel:
         if self.dla_core is not None:  # a DLA engine loads on the core it was built for (trtexec sets it too)
             runtime.DLA_core = int(self.dla_core)
         self.runtime = runtime  # the engine must not outlive the runtime that made it
-        self.engine = runtime.deserialize_cuda_engine(path.read_bytes())
+        self.engine = runtime.deserialize_cuda_engine(read_bundle_bytes(path.relative_to(HERE).as_posix(), "engine"))
         if self.engine is None:
             raise RuntimeError(f"{path}: TensorRT cannot load this engine (built by another TensorRT version or GPU?): rebuild it with ./build_engine.sh")
         self.context = self.engine.create_execution_context()
@@ -298,44 +387,148 @@ def engine_dla_core(plan_file: Path) -> int | None:
     """The DLA core an engine was built for: its vitdeploy sidecar (ENGINE.json), else ENGINE.dla (build_engine.sh)."""
     side = Path(str(plan_file) + ".json")
     try:
-        core = json.loads(side.read_text()).get("engine", {}).get("options", {}).get("dla_core")
+        if not side.exists():
+            raise OSError(side.name)
+        text = read_bundle_bytes(side.relative_to(HERE).as_posix(), "the engine's sidecar", MAX_TEXT_BYTES)
+        core = json.loads(text).get("engine", {}).get("options", {}).get("dla_core")
         if core is not None:
             return int(core)
     except (OSError, ValueError, AttributeError):
         pass
     marker = Path(str(plan_file) + ".dla")
     if marker.exists():
-        return int(marker.read_text().strip())
+        core_text = read_bundle_bytes(marker.relative_to(HERE).as_posix(), "the DLA core file", 64).decode("ascii", "replace")
+        try:
+            return int(core_text.strip())
+        except ValueError:
+            raise SystemExit(f"error: {marker.name}: not a DLA core number: rebuild the engine with "
+                             "./build_engine.sh --dla N") from None
     return None
 
 
-def open_model(path: Path, backend: str, dla_core: int | None = None) -> OrtModel | TrtModel:
-    plan_file = path if path.suffix in (".engine", ".plan") else path.with_suffix(".engine")
-    onnx = path if path.suffix == ".onnx" else path.with_suffix(".onnx")
-    if backend in ("auto", "tensorrt") and plan_file.exists():
-        try:
-            return TrtModel(plan_file, dla_core)
-        except ImportError:
-            if backend == "tensorrt":
-                raise SystemExit("error: TensorRT's Python bindings are missing (JetPack: sudo apt install python3-libnvinfer)") from None
-        except RuntimeError as e:  # a foreign engine, no CUDA runtime, CUDA that cannot start: one line
-            raise SystemExit(f"error: {e}") from None
-        except Exception as e:  # noqa: BLE001 - a tensorrt module that is not TensorRT's, a garbage plan, ...
-            raise SystemExit(f"error: {plan_file.name}: TensorRT cannot load it ({type(e).__name__}: {_first_line(e)}); "
-                             "rebuild it with ./build_engine.sh, or run the ONNX with --backend onnxruntime") from None
-    elif backend == "tensorrt":
-        raise SystemExit(f"error: no engine {plan_file.name}: build it with ./build_engine.sh")
-    if not onnx.exists():
-        raise SystemExit(f"error: {onnx.name} is not in this bundle")
+TRT_MODULE_MISSING = ("TensorRT's Python module is not installed here (JetPack: sudo apt install python3-libnvinfer; "
+                      "a pip install: pip install tensorrt)")
+
+
+def tensorrt_line(version: object) -> str | None:
+    """The TensorRT line a version builds for, as build_engine.sh decides it (8.0-8.5, 8.6, 9/10, 11+)."""
+    m = re.match(r"(\d+)\.(\d+)", str(version or ""))
+    if not m:
+        return None
+    major, minor = int(m.group(1)), int(m.group(2))
+    if major <= 8:
+        return "trt8.5" if minor <= 5 else "trt8.6"
+    return "trt10" if major <= 10 else "trt11"
+
+
+def engine_entries(info: dict, model_rel: str) -> dict[str, dict]:
+    """TensorRT line -> {onnx, engine} that build_engine.sh builds for ``model_rel`` there (manifest.json's
+    bundle.tensorrt.engines, from which build_engine.sh's table was rendered); where no line builds it (a bundle
+    made before that entry, or a model no line builds as intended): the engine beside the model, as
+    ``vitdeploy build-engine`` names it."""
+    engines = (info.get("tensorrt") or {}).get("engines")
+    out = {}
+    for line, row in (engines.items() if isinstance(engines, dict) else ()):
+        e = row.get(model_rel) if isinstance(row, dict) else None
+        if isinstance(e, dict) and isinstance(e.get("engine"), str) and isinstance(e.get("onnx"), str):
+            out[line] = e
+    if not out:  # no line builds this model (or an older bundle): an engine made from it by hand sits beside it
+        out["any"] = {"onnx": model_rel, "engine": model_rel[: -len(".onnx")] + ".engine"}
+    return out
+
+
+def find_engine(info: dict, model_rel: str, backend: str) -> tuple[dict | None, bool]:
+    """(the entry of the engine to run, TensorRT importable). With TensorRT: the entry of its line, where that
+    engine exists; without: an engine of any line that exists here is one line (never the ONNX in its place)."""
     try:
-        return OrtModel(onnx)
+        import tensorrt as trt
     except ImportError:
-        raise SystemExit("error: neither an engine nor onnxruntime here: run ./build_engine.sh, or pip install onnxruntime") from None
+        trt = None
+    if trt is not None and getattr(trt, "__file__", None) is None and getattr(trt, "__path__", None) is not None:
+        trt = None  # a namespace package (tensorrt-stubs, or the bindings' wrapper without its libraries): not TensorRT
+    entries = engine_entries(info, model_rel)
+    line = tensorrt_line(getattr(trt, "__version__", None)) if trt is not None else None
+    present = [e for e in entries.values() if (HERE / e["engine"]).exists() or os.path.islink(HERE / e["engine"])]
+    if trt is not None and line in entries:
+        want = entries[line]
+        if (HERE / want["engine"]).exists() or os.path.islink(HERE / want["engine"]):
+            return want, True
+        others = sorted({e["engine"] for e in present})
+        if others and backend != "onnxruntime":  # engines of other lines only: said, never the ONNX in their place
+            raise SystemExit(f"error: {', '.join(others)} {'is' if len(others) == 1 else 'are'} here, but TensorRT "
+                             f"{safe(trt.__version__)} runs {want['engine']}: build it with ./build_engine.sh, or check "
+                             "the ONNX with --backend onnxruntime")
+        if backend == "tensorrt":
+            raise SystemExit(f"error: no engine {want['engine']} for TensorRT {safe(trt.__version__)}: build it with "
+                             "./build_engine.sh")
+        return None, True
+    if trt is not None and "any" in entries and present:
+        return present[0], True
+    if trt is not None and line is None and present:  # a TensorRT whose version is not said: the one engine here
+        return present[0], True
+    names = sorted({e["engine"] for e in present})
+    if trt is None and names and backend != "onnxruntime":
+        raise SystemExit(f"error: {', '.join(names)} {'is' if len(names) == 1 else 'are'} here but {TRT_MODULE_MISSING}; "
+                         "or check the ONNX with --backend onnxruntime")
+    if trt is None and backend == "tensorrt":
+        raise SystemExit(f"error: {TRT_MODULE_MISSING}")
+    if backend == "tensorrt":
+        made = ", ".join(f"{k}: {v['engine']}" for k, v in sorted(entries.items())) or "none"
+        raise SystemExit(f"error: no engine for {model_rel} on TensorRT {safe(getattr(trt, '__version__', '?'))} "
+                         f"(this bundle builds: {made}): build it with ./build_engine.sh")
+    return None, trt is not None
+
+
+def open_engine(plan_rel: str, dla_core: int | None) -> TrtModel:
+    plan_file = bundle_file(plan_rel, "engine")
+    try:
+        return TrtModel(plan_file, dla_core)
+    except SystemExit:
+        raise
+    except ImportError:
+        raise SystemExit(f"error: {plan_rel} is here but {TRT_MODULE_MISSING}") from None
+    except RuntimeError as e:  # a foreign engine, no CUDA runtime, CUDA that cannot start: one line
+        raise SystemExit(f"error: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a tensorrt module that is not TensorRT's, a garbage plan, ...
+        raise SystemExit(f"error: {Path(plan_rel).name}: TensorRT cannot load it ({type(e).__name__}: {_first_line(e)}); "
+                         "rebuild it with ./build_engine.sh, or run the ONNX with --backend onnxruntime") from None
+
+
+def open_onnx(onnx_rel: str, data: bytes) -> OrtModel:
+    try:
+        return OrtModel(HERE / onnx_rel, data)
+    except ImportError:
+        raise SystemExit("error: neither an engine nor onnxruntime here: run ./build_engine.sh, or pip install "
+                         "onnxruntime") from None
+
+
+def open_model(path: Path, backend: str, dla_core: int | None = None) -> OrtModel | TrtModel:
+    """The engine (``path`` ending .engine/.plan) or the ONNX at ``path``, inside this bundle (tests and callers)."""
+    rel = path.resolve().relative_to(HERE).as_posix() if path.is_absolute() else path.as_posix()
+    if path.suffix in (".engine", ".plan"):
+        return open_engine(rel, dla_core)
+    return open_onnx(rel, read_bundle_bytes(rel))
 
 
 def run_batches(model: OrtModel | TrtModel, x: np.ndarray, batch: int) -> np.ndarray:
     b = min(batch, model.max_batch or batch)
     return np.concatenate([model(x[i : i + b]) for i in range(0, len(x), b)])
+
+
+def decoded_batches(files: list[Path], pp: dict, batch: int) -> Iterator[tuple[list[Path], np.ndarray]]:
+    """(files, uint8 NHWC images) per ``batch`` files, decoded only when the batch is asked for (bounded memory);
+    an unreadable file is named on stderr and left out."""
+    for i in range(0, len(files), batch):
+        ok_files, arrays = [], []
+        for f in files[i : i + batch]:
+            try:
+                arrays.append(load_resized(f, pp))
+                ok_files.append(f)
+            except SystemExit:
+                raise
+            except Exception as e:  # noqa: BLE001 - report the file and go on with the others
+                print(f"skipped {safe(f)}: {safe(_first_line(e))}", file=sys.stderr)
+        yield ok_files, (np.stack(arrays) if arrays else np.zeros((0,), np.uint8))
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -361,42 +554,52 @@ def positive_int(text: str) -> int:
     return v
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def verify_files(info: dict, names: list[str]) -> None:
-    """Each model file as manifest.json recorded it (SHA-256): a truncated or corrupted copy is refused."""
+def verify_files(info: dict, names: list[str], keep: str | None = None) -> bytes | None:
+    """Each model file as manifest.json recorded it (SHA-256): a truncated or corrupted copy is refused. Returns the
+    bytes of ``keep`` as they were hashed, so that what runs is what was checked."""
+    kept = None
     for rel in names:
-        want = (info["artifacts"].get(rel) or {}).get("sha256")
-        if not want:
+        rec = info["artifacts"].get(rel)
+        want = rec.get("sha256") if isinstance(rec, dict) else None
+        if not want and rel != keep:
+            bundle_file(rel)  # unhashed, still one of the bundle's own regular files
             continue
-        p = HERE / rel
-        if not p.is_file():
-            raise SystemExit(f"error: {rel} is missing from this bundle: copy the bundle again")
-        if sha256_of(p) != want:
-            raise SystemExit(f"error: {rel} is not the file this bundle was made with (its SHA-256 differs from "
+        data = read_bundle_bytes(rel)
+        if want and hashlib.sha256(data).hexdigest() != want:
+            raise SystemExit(f"error: {safe(rel)} is not the file this bundle was made with (its SHA-256 differs from "
                              "manifest.json's): a corrupted or partial copy? copy the bundle again")
+        if rel == keep:
+            kept = data
+    return kept
 
 
 def read_manifest() -> tuple[dict, dict, dict, list]:
     """manifest.json's bundle info, preprocessing and labels, or one line saying what is wrong with it."""
-    path = HERE / "manifest.json"
+    name = "manifest.json"
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(read_bundle_bytes(name, "the bundle's", MAX_TEXT_BYTES).decode("utf-8"))
         info, pp, labels = manifest["bundle"], manifest["preprocess"], manifest["labels"]
         info["artifacts"], info["default_model"], pp["input_size"]  # noqa: B018 - present, or the except below
+        if not isinstance(info["artifacts"], dict) or not isinstance(labels, list):
+            raise TypeError("artifacts")
     except OSError as e:
-        raise SystemExit(f"error: {path.name}: cannot read it ({e.strerror or e}): copy the bundle again") from None
+        raise SystemExit(f"error: {name}: cannot read it ({e.strerror or e}): copy the bundle again") from None
     except ValueError as e:
-        raise SystemExit(f"error: {path.name}: not valid JSON ({_first_line(e)}): copy the bundle again") from None
+        raise SystemExit(f"error: {name}: not valid JSON ({_first_line(e)}): copy the bundle again") from None
     except (KeyError, TypeError) as e:
-        raise SystemExit(f"error: {path.name}: not a bundle manifest (no {e}): copy the bundle again") from None
+        raise SystemExit(f"error: {name}: not a bundle manifest (no {e}): copy the bundle again") from None
     return manifest, info, pp, labels
+
+
+def read_labels_txt() -> list[str] | None:
+    """labels.txt's lines, split on '\\n' only (a label may hold \\r, \\x85 or \\u2028 that str.splitlines() breaks
+    on), or None where the bundle has none."""
+    if not (HERE / "labels.txt").exists() and not os.path.islink(HERE / "labels.txt"):
+        return None
+    text = read_bundle_bytes("labels.txt", "the bundle's", MAX_TEXT_BYTES).decode("utf-8", errors="replace")
+    if not text:
+        return []
+    return (text[:-1] if text.endswith("\n") else text).split("\n")
 
 
 def check_labels(labels: list, classes: int) -> None:
@@ -404,12 +607,19 @@ def check_labels(labels: list, classes: int) -> None:
     if len(labels) != classes:
         raise SystemExit(f"error: manifest.json lists {len(labels)} labels, the model gives {classes} classes: "
                          "copy the bundle again")
-    txt = HERE / "labels.txt"
-    if txt.exists():
-        n = len(txt.read_text(encoding="utf-8", errors="replace").splitlines())
-        if n != classes:
-            raise SystemExit(f"error: labels.txt has {n} labels, the model gives {classes} classes: restore it from "
-                             "the bundle (one label per line)")
+    txt = read_labels_txt()
+    if txt is not None and len(txt) != classes:
+        raise SystemExit(f"error: labels.txt has {len(txt)} labels, the model gives {classes} classes: restore it from "
+                         "the bundle (one label per line)")
+
+
+def load_npy(rel: object) -> np.ndarray:
+    import io
+
+    try:
+        return np.load(io.BytesIO(read_bundle_bytes(rel)), allow_pickle=False)
+    except ValueError as e:
+        raise SystemExit(f"error: {safe(rel)}: not a numpy array file ({_first_line(e)}): copy the bundle again") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -440,25 +650,42 @@ def _main(argv: list[str] | None = None) -> int:
 
     _, info, pp, labels = read_manifest()
     rel = args.model or info["default_model"]
-    path = Path(rel) if Path(rel).is_absolute() else HERE / rel
-    try:  # the artifact's key in the manifest: its ONNX path inside the bundle
-        onnx_rel = path.resolve().with_suffix(".onnx").relative_to(HERE).as_posix()
-    except ValueError:
-        onnx_rel = path.with_suffix(".onnx").name
-    art = info["artifacts"].get(onnx_rel)
-    if art is None:
-        raise SystemExit(f"error: {rel} is not one of this bundle's models: {', '.join(info['artifacts'])}")
-    verify_files(info, list(info["artifacts"]) if args.check else [onnx_rel])
-    model = open_model(path, args.backend, args.dla_core)
+    given = Path(rel)
+    try:  # a model of this bundle: a path relative to it, or an absolute path into it; never a file elsewhere
+        rel = (given.resolve() if given.is_absolute() else (HERE / given).resolve()).relative_to(HERE).as_posix()
+    except (ValueError, OSError, RuntimeError):
+        ap.error(f"--model {safe(args.model)}: not a file of this bundle (give one of: {', '.join(map(safe, info['artifacts']))})")
+    entry = None
+    if Path(rel).suffix in (".engine", ".plan"):  # an engine named: the entry whose engine it is
+        found = [(k, e) for row in ((info.get("tensorrt") or {}).get("engines") or {}).values() if isinstance(row, dict)
+                 for k, e in row.items() if isinstance(e, dict) and e.get("engine") == rel]
+        onnx_rel, entry = found[0] if found else (rel.rsplit(".", 1)[0] + ".onnx", {"onnx": rel.rsplit(".", 1)[0] + ".onnx", "engine": rel})
+        if args.backend == "onnxruntime":
+            ap.error(f"--model {safe(rel)} is an engine: --backend onnxruntime runs an ONNX (--model {safe(onnx_rel)})")
+    else:
+        onnx_rel = rel
+    if onnx_rel not in info["artifacts"]:
+        raise SystemExit(f"error: {safe(rel)} is not one of this bundle's models: {', '.join(map(safe, info['artifacts']))}")
+    if entry is None and args.backend != "onnxruntime":
+        entry, _ = find_engine(info, onnx_rel, args.backend)
+    run_onnx = entry["onnx"] if entry else onnx_rel
+    art = info["artifacts"].get(run_onnx)
+    if not isinstance(art, dict):
+        raise SystemExit(f"error: manifest.json's engine entry names {safe(run_onnx)}, which is not one of its models: "
+                         "copy the bundle again")
+    data = verify_files(info, list(info["artifacts"]) if args.check else [run_onnx], None if entry else run_onnx)
+    model: OrtModel | TrtModel = open_engine(entry["engine"], args.dla_core) if entry else open_onnx(run_onnx, data or b"")
+    del data
+    ran = f"{entry['engine']} (built from {run_onnx})" if entry else run_onnx
 
     if args.check:
-        images = np.load(HERE / info["reference"]["inputs"])
+        images = load_npy(info["reference"]["inputs"])
         prec = art["precision"]
-        ref = np.load(HERE / info["reference"]["logits"][prec])
+        ref = load_npy(info["reference"]["logits"][prec])
         got = run_batches(model, model_input(images, art["input"], pp), args.batch)
         if ref.shape != got.shape:
-            raise SystemExit(f"error: {info['reference']['logits'][prec]} holds logits of shape {ref.shape}, the model "
-                             f"gives {got.shape} on {len(images)} reference images: copy the bundle again")
+            raise SystemExit(f"error: {safe(info['reference']['logits'][prec])} holds logits of shape {ref.shape}, the "
+                             f"model gives {got.shape} on {len(images)} reference images: copy the bundle again")
         check_labels(labels, got.shape[1])
         if art["output"]["kind"] == "probs":
             ref = softmax(ref)
@@ -466,46 +693,46 @@ def _main(argv: list[str] | None = None) -> int:
         agree = float((got.argmax(1) == ref.argmax(1)).mean())
         tol = float(info["reference"]["tolerance"][prec])
         ok = diff <= tol
-        result = {"model": onnx_rel, "backend": model.backend, "precision": prec, "images": len(images),
-                  "max_rel_diff": diff, "tolerance": tol, "top1_agreement": agree, "ok": ok}
+        result = {"model": run_onnx, "engine": entry["engine"] if entry else None, "backend": model.backend,
+                  "precision": prec, "images": len(images), "max_rel_diff": diff, "tolerance": tol,
+                  "top1_agreement": agree, "ok": ok}
         if isinstance(model, TrtModel):
             result["receipt"] = model.receipt()
         print(json.dumps(result) if args.json else
-              f"{'OK' if ok else 'FAILED'}: {onnx_rel} on {model.backend} vs reference {prec} logits: max |Δ| {diff:.2e} of the "
-              f"largest logit (tolerance {tol:.0e}), top-1 agreement {agree:.1%} on {len(images)} images")
+              f"{'OK' if ok else 'FAILED'}: {safe(ran)} on {model.backend} vs reference {prec} logits: max |Δ| {diff:.2e} of "
+              f"the largest logit (tolerance {tol:.0e}), top-1 agreement {agree:.1%} on {len(images)} images")
         if "receipt" in result and not args.json:
             r = result["receipt"]
             share = ", ".join(f"{k} {v:.0%}" for k, v in sorted((r.get("gemm_share") or {}).items(), key=lambda kv: -kv[1]))
             print(f"precision receipt: GEMM FLOPs {share}; attention fused: {(r.get('attention') or {}).get('fused')}; "
                   f"{len(r.get('fp32_layers') or [])} FP32 layers" if r.get("status") == "ok"
-                  else f"precision receipt: unknown ({r.get('reason')})")
+                  else f"precision receipt: unknown ({safe(r.get('reason'))})")
         return 0 if ok else 1
 
     files = list_images(args.images)
     if not files:
         ap.error("give image files or folders (or --check)")
-    status = 0
-    ok_files, arrays = [], []
-    for f in files:
-        try:
-            arrays.append(load_resized(f, pp))
-            ok_files.append(f)
-        except Exception as e:  # noqa: BLE001 - report the file and go on with the others
-            print(f"skipped {f}: {e}", file=sys.stderr)
+    status, done, checked = 0, 0, False
+    for ok_files, batch in decoded_batches(files, pp, args.batch):
+        if len(ok_files) < min(args.batch, len(files) - done):
             status = 3
-    if not arrays:
-        return 1
-    out = run_batches(model, model_input(np.stack(arrays), art["input"], pp), args.batch)
-    check_labels(labels, out.shape[1])
-    probs = out if art["output"]["kind"] == "probs" else softmax(out)
-    for f, p in zip(ok_files, probs):  # noqa: B905 - Python 3.8 (JetPack 5) has no strict=
-        top = np.argsort(-p)[: args.top]
-        if args.json:
-            print(json.dumps({"path": str(f), "label": labels[top[0]], "index": int(top[0]), "score": float(p[top[0]]),
-                              "top": [{"label": labels[i], "score": float(p[i])} for i in top]}))
-        else:
-            print(f"{f}\t" + "\t".join(f"{labels[i]}\t{p[i]:.4f}" for i in top))
-    return status
+        done += min(args.batch, len(files) - done)
+        if not ok_files:
+            continue
+        out = run_batches(model, model_input(batch, art["input"], pp), args.batch)
+        if not checked:
+            check_labels(labels, out.shape[1])
+            checked = True
+        probs = out if art["output"]["kind"] == "probs" else softmax(out)
+        for f, p in zip(ok_files, probs):  # noqa: B905 - Python 3.8 (JetPack 5) has no strict=
+            top = np.argsort(-p)[: args.top]
+            if args.json:
+                print(json.dumps({"path": str(f), "label": labels[top[0]], "index": int(top[0]), "score": float(p[top[0]]),
+                                  "top": [{"label": labels[i], "score": float(p[i])} for i in top]}))
+            else:
+                print(f"{safe(f)}\t" + "\t".join(f"{safe(labels[i])}\t{p[i]:.4f}" for i in top))
+        sys.stdout.flush()
+    return status if checked else 1
 
 
 if __name__ == "__main__":
