@@ -44,6 +44,12 @@ class ViTConfig:
     ln_eps: float = 1e-6
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
+    # --- first ring (stand-in until h1-model's lands: the knobs the Eva/Beit models need); defaults change nothing.
+    class_token: bool = True
+    reg_tokens: int = 0
+    init_values: float | None = None  # LayerScale (ls1.gamma, ls2.gamma)
+    mlp: str = "plain"  # "plain" | "swiglu_packed" (timm's GluMlp: fc1 → [gate, x]) | "swiglu" (fc1_g, fc1_x)
+    mlp_norm: bool = False  # LayerNorm before fc2 (timm's scale_mlp / Mlp(norm_layer))
     # --- second ring (timm's eva.py / beit.py); every default leaves the model, its state dict and its graph as before.
     # Absolute position embeddings (timm's use_abs_pos_emb): BEiT, DINOv3 and the RoPE ViTs have none.
     abs_pos_embed: bool = True
@@ -73,6 +79,12 @@ class ViTConfig:
             raise ValueError(f"pool must be 'cls' or 'mean', not {self.pool!r}")
         if self.final_norm not in ("norm", "fc_norm"):
             raise ValueError(f"final_norm must be 'norm' or 'fc_norm', not {self.final_norm!r}")
+        if self.mlp not in ("plain", "swiglu_packed", "swiglu"):
+            raise ValueError(f"mlp must be 'plain', 'swiglu_packed' or 'swiglu', not {self.mlp!r}")
+        if self.pool == "cls" and not self.class_token:
+            raise ValueError("pool 'cls' needs the class token: use pool 'mean' or class_token=True")
+        if self.rel_pos_bias and (not self.class_token or self.reg_tokens):
+            raise ValueError("the relative position bias (BEiT) is laid out for one class token and no registers")
         if self.rope_ref_grid is not None:
             object.__setattr__(self, "rope_ref_grid", _pair(self.rope_ref_grid))
         if self.qv_bias and self.qkv_bias:
@@ -87,6 +99,11 @@ class ViTConfig:
     @property
     def hidden_dim(self) -> int:
         return self.mlp_dim if self.mlp_dim is not None else int(self.embed_dim * self.mlp_ratio)
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Class and register tokens before the patch tokens."""
+        return int(self.class_token) + self.reg_tokens
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -116,7 +133,7 @@ class ViTConfig:
         return replace(self, **changes)
 
 
-_RING2_FIELDS = ("abs_pos_embed", "qv_bias", "rope", "rope_temperature", "rope_ref_grid", "rope_half", "rope_grid_offset",
+_RING2_FIELDS = ("class_token", "reg_tokens", "init_values", "mlp", "mlp_norm", "abs_pos_embed", "qv_bias", "rope", "rope_temperature", "rope_ref_grid", "rope_half", "rope_grid_offset",
                  "rope_grid_indexing", "rel_pos_bias")
 _RING2_DEFAULTS = {k: ViTConfig.__dataclass_fields__[k].default for k in _RING2_FIELDS}
 

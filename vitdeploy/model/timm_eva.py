@@ -72,13 +72,14 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
     swiglu, scale_mlp = bool(a.get("swiglu_mlp", False)), bool(a.get("scale_mlp", False))
     mlp = "plain" if not swiglu else ("swiglu" if scale_mlp else "swiglu_packed")
     init_values = a.get("init_values")
+    if a.get("no_embed_class") and a.get("use_abs_pos_emb", True):
+        raise _refuse(where, "position embeddings that skip the prefix tokens (no_embed_class)")
     ring1: dict[str, Any] = {
         "class_token": bool(a.get("class_token", True)),
         "reg_tokens": int(a.get("num_reg_tokens", 0) or 0),
-        "no_embed_class": bool(a.get("no_embed_class", False)),
         "init_values": float(init_values) if init_values else None,  # Beit: `if init_values:`; Eva: not None
-        "global_pool": pool,
-        "fc_norm": fc_norm,
+        "pool": "mean" if pool == "avg" else "cls",
+        "final_norm": "fc_norm" if fc_norm else "norm",
         "mlp": mlp,
         "mlp_norm": scale_mlp,
     }

@@ -111,15 +111,62 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    def __init__(self, in_features: int, hidden_features: int, drop: float = 0.0) -> None:
+    """fc1 → act → (norm) → fc2: timm's Mlp; ``norm`` is EVA's scale_mlp inner LayerNorm (off by default)."""
+
+    def __init__(self, in_features: int, hidden_features: int, drop: float = 0.0, norm_eps: float | None = None) -> None:
         super().__init__()
         self.fc1 = nn.Linear(in_features, hidden_features)
         self.act = nn.GELU()
+        if norm_eps is not None:
+            self.norm = nn.LayerNorm(hidden_features, eps=norm_eps)
         self.fc2 = nn.Linear(hidden_features, in_features)
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+        x = self.drop(self.act(self.fc1(x)))
+        if hasattr(self, "norm"):
+            x = self.norm(x)
+        return self.drop(self.fc2(x))
+
+
+class SwiGLU(nn.Module):
+    """SiLU-gated MLP in timm's two layouts: ``packed`` (GluMlp: one fc1 whose first half is the gate) or
+    separate ``fc1_g`` / ``fc1_x`` (timm's SwiGLU); either with EVA's inner LayerNorm before fc2."""
+
+    def __init__(self, dim: int, hidden: int, packed: bool, drop: float = 0.0, norm_eps: float | None = None) -> None:
+        super().__init__()
+        self.packed = packed
+        if packed:
+            self.fc1 = nn.Linear(dim, hidden * 2)
+        else:
+            self.fc1_g = nn.Linear(dim, hidden)
+            self.fc1_x = nn.Linear(dim, hidden)
+        self.act = nn.SiLU()
+        if norm_eps is not None:
+            self.norm = nn.LayerNorm(hidden, eps=norm_eps)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            g, x = self.fc1(x).chunk(2, dim=-1)
+        else:
+            g, x = self.fc1_g(x), self.fc1_x(x)
+        x = self.drop(self.act(g) * x)
+        if hasattr(self, "norm"):
+            x = self.norm(x)
+        return self.drop(self.fc2(x))
+
+
+class LayerScale(nn.Module):
+    """Per-channel scale of a residual branch (timm's ls1/ls2 with parameter ``gamma``)."""
+
+    def __init__(self, dim: int, init_values: float) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(init_values * torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
 
 
 class Block(nn.Module):
@@ -133,14 +180,22 @@ class Block(nn.Module):
             qv_bias=cfg.qv_bias, rel_pos_grid=cfg.grid_size if cfg.rel_pos_bias else None,
         )
         self.norm2 = nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps)
-        self.mlp = Mlp(cfg.embed_dim, cfg.hidden_dim, cfg.drop_rate)
+        norm_eps = cfg.ln_eps if cfg.mlp_norm else None
+        self.mlp: nn.Module
+        if cfg.mlp == "plain":
+            self.mlp = Mlp(cfg.embed_dim, cfg.hidden_dim, cfg.drop_rate, norm_eps)
+        else:
+            self.mlp = SwiGLU(cfg.embed_dim, cfg.hidden_dim, cfg.mlp == "swiglu_packed", cfg.drop_rate, norm_eps)
+        self.ls1 = LayerScale(cfg.embed_dim, cfg.init_values) if cfg.init_values is not None else None
+        self.ls2 = LayerScale(cfg.embed_dim, cfg.init_values) if cfg.init_values is not None else None
 
     def forward(
         self, x: torch.Tensor, return_attn: bool = False, rope: Rope | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         y, attn = self.attn(self.norm1(x), return_attn, rope)
-        x = x + y
-        x = x + self.mlp(self.norm2(x))
+        x = x + (self.ls1(y) if self.ls1 is not None else y)
+        y = self.mlp(self.norm2(x))
+        x = x + (self.ls2(y) if self.ls2 is not None else y)
         return x, attn
 
 
@@ -167,8 +222,13 @@ class VisionTransformer(nn.Module):
         self.cfg = cfg
         gh, gw = cfg.grid_size
         self.patch_embed = PatchEmbed(cfg)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim))
-        self.pos_embed = nn.Parameter(torch.zeros(1, gh * gw + 1, cfg.embed_dim)) if cfg.abs_pos_embed else None
+        npt = cfg.num_prefix_tokens
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.class_token else None
+        if cfg.reg_tokens:
+            self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, cfg.embed_dim))
+        else:
+            self.reg_token = None
+        self.pos_embed = nn.Parameter(torch.zeros(1, gh * gw + npt, cfg.embed_dim)) if cfg.abs_pos_embed else None
         self.pos_drop = nn.Dropout(cfg.drop_rate)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
         # Same parameter names as timm: fc_norm only exists (and norm is an Identity) for fc_norm models,
@@ -181,7 +241,7 @@ class VisionTransformer(nn.Module):
         self.rope_cos: torch.Tensor | None
         self.rope_perm: torch.Tensor | None
         if cfg.rope:  # constant tables for this grid, recomputed at every build (never in a state dict)
-            for name, t in zip(("rope_sin", "rope_cos", "rope_perm"), sequence_tables(cfg, num_prefix=1), strict=True):
+            for name, t in zip(("rope_sin", "rope_cos", "rope_perm"), sequence_tables(cfg, num_prefix=npt), strict=True):
                 self.register_buffer(name, t, persistent=False)
         else:
             self.rope_sin = self.rope_cos = self.rope_perm = None
@@ -191,7 +251,10 @@ class VisionTransformer(nn.Module):
     def _init_weights(self) -> None:
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.normal_(self.cls_token, std=1e-6)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        if self.reg_token is not None:
+            nn.init.normal_(self.reg_token, std=1e-6)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -202,7 +265,8 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
         x = self.patch_embed(x)
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        x = torch.cat([*prefix, x], dim=1) if prefix else x
         x = self.pos_drop(x + self.pos_embed if self.pos_embed is not None else x)
         rope = None
         if self.rope_sin is not None and self.rope_cos is not None and self.rope_perm is not None:
@@ -215,7 +279,7 @@ class VisionTransformer(nn.Module):
         return self.norm(x), attns
 
     def forward_head(self, x: torch.Tensor) -> torch.Tensor:
-        x = x[:, 1:].mean(dim=1) if self.cfg.pool == "mean" else x[:, 0]
+        x = x[:, self.cfg.num_prefix_tokens :].mean(dim=1) if self.cfg.pool == "mean" else x[:, 0]
         if self.fc_norm is not None:
             x = self.fc_norm(x)
         return self.head(x)
