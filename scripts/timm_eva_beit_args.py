@@ -96,5 +96,19 @@ def eva_beit_entries() -> dict[str, dict[str, Any]]:
     return {**_record(eva, "_create_eva", eva.Eva), **_record(beit, "_create_beit", beit.Beit)}
 
 
+def main() -> None:
+    import argparse
+    from pathlib import Path
+
+    import timm
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-o", "--out", default=str(Path(__file__).resolve().parents[1] / "vitdeploy/model/timm_eva_beit.json"))
+    out = Path(ap.parse_args().out)
+    table = {"generated_by": "scripts/timm_eva_beit_args.py", "timm": timm.__version__, "models": eva_beit_entries()}
+    out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {out}: {len(table['models'])} names from timm {timm.__version__}")
+
+
 if __name__ == "__main__":
-    print(json.dumps(eva_beit_entries(), indent=1, sort_keys=True))
+    main()

@@ -19,10 +19,26 @@ How timm's choices land on the ViT:
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
 from typing import Any
 
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.model.presets import ViTConfig
+
+TABLE = Path(__file__).with_name("timm_eva_beit.json")
+
+
+@functools.cache
+def _table() -> dict[str, Any]:
+    models: dict[str, Any] = json.loads(TABLE.read_text())["models"]
+    return models
+
+
+def eva_beit_entry(arch: str) -> dict[str, Any] | None:
+    """The table's row for a timm name (a ``.tag`` ignored): class, args, pretrained_cfg; None when not Eva/Beit."""
+    return _table().get(arch.strip().partition(".")[0])
 
 
 def _pair(v: Any) -> tuple[int, int]:

@@ -224,10 +224,7 @@ class VisionTransformer(nn.Module):
         self.patch_embed = PatchEmbed(cfg)
         npt = cfg.num_prefix_tokens
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.class_token else None
-        if cfg.reg_tokens:
-            self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, cfg.embed_dim))
-        else:
-            self.reg_token = None
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, cfg.embed_dim)) if cfg.reg_tokens else None
         self.pos_embed = nn.Parameter(torch.zeros(1, gh * gw + npt, cfg.embed_dim)) if cfg.abs_pos_embed else None
         self.pos_drop = nn.Dropout(cfg.drop_rate)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
