@@ -182,7 +182,7 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps)
         norm_eps = cfg.ln_eps if cfg.mlp_norm else None
         self.mlp: nn.Module
-        if cfg.mlp == "plain":
+        if cfg.mlp == "mlp":
             self.mlp = Mlp(cfg.embed_dim, cfg.hidden_dim, cfg.drop_rate, norm_eps)
         else:
             self.mlp = SwiGLU(cfg.embed_dim, cfg.hidden_dim, cfg.mlp == "swiglu_packed", cfg.drop_rate, norm_eps)
@@ -230,7 +230,7 @@ class VisionTransformer(nn.Module):
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
         # Same parameter names as timm: fc_norm only exists (and norm is an Identity) for fc_norm models,
         # so the default model, its state dict and its exported graph are unchanged.
-        fc = cfg.final_norm == "fc_norm"
+        fc = cfg.use_fc_norm
         self.norm = nn.Identity() if fc else nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps)
         self.fc_norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps) if fc else None
         self.head = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
@@ -276,7 +276,7 @@ class VisionTransformer(nn.Module):
         return self.norm(x), attns
 
     def forward_head(self, x: torch.Tensor) -> torch.Tensor:
-        x = x[:, self.cfg.num_prefix_tokens :].mean(dim=1) if self.cfg.pool == "mean" else x[:, 0]
+        x = x[:, self.cfg.num_prefix_tokens :].mean(dim=1) if self.cfg.global_pool == "avg" else x[:, 0]
         if self.fc_norm is not None:
             x = self.fc_norm(x)
         return self.head(x)
