@@ -6,7 +6,8 @@ Callables are recorded by the generator by name (``norm_layer: {"name": "LayerNo
 Anything these classes can do that the ViT cannot is refused with the argument's name.
 
 How timm's choices land on the ViT:
-- ``qkv_bias`` (Eva, Beit): q and v biases with a fixed zero k bias → ``qv_bias`` (exact; model/vit.py Attention);
+- ``qkv_bias`` (EvaAttention, Beit): q and v biases with a fixed zero k bias → ``qv_bias`` (exact; model/vit.py
+  Attention); AttentionRope (``attn_type="rope"``, the Naver RoPE-ViTs) has a plain fused qkv bias;
   ``qkv_fused=False`` names are renamed onto the fused layout by model/layouts.py.
 - ``use_rot_pos_emb`` with ``rope_type`` 'cat' (EVA-02, SBB) or 'dinov3' → ``rope`` and its grid parameters.
 - ``use_rel_pos_bias`` (Beit) → ``rel_pos_bias``.
@@ -62,7 +63,6 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
     off = {
         "num_kv_heads": (None, "grouped-query attention (num_kv_heads)"),
         "scale_attn_inner": (False, "a norm inside attention (scale_attn_inner)"),
-        "attn_type": ("eva", "AttentionRope blocks (attn_type='rope')"),
         "use_post_norm": (False, "post-norm blocks (use_post_norm)"),
         "use_pre_transformer_norm": (False, "a pre-norm without patch bias (use_pre_transformer_norm)"),
         "attn_only_layer_scale": (False, "layer scale on the attention branch only"),
@@ -74,6 +74,9 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
     for k, (ok, what) in off.items():
         if k in a and a[k] not in (ok, None if ok is False else ok):
             raise _refuse(where, what)
+    attn_type = a.get("attn_type", "eva")
+    if attn_type not in ("eva", "rope"):
+        raise _refuse(where, f"attn_type {attn_type!r}")
     pool = a.get("global_pool", "avg")
     if pool not in ("avg", "token"):
         raise _refuse(where, f"global_pool {pool!r} (vitdeploy maps 'avg' and 'token' for Eva/Beit)")
@@ -102,10 +105,12 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
     }
     if cls == "Eva" and init_values is not None and not init_values:
         raise _refuse(where, "layer scale initialised to 0 (init_values=0)")
+    # EvaAttention and Beit's Attention: q/v biases, k fixed at zero; AttentionRope (attn_type 'rope'): a plain qkv bias
+    qv = cls == "Beit" or attn_type == "eva"
     ring2: dict[str, Any] = {
         "abs_pos_embed": bool(a.get("use_abs_pos_emb", True)),
-        "qv_bias": bool(a.get("qkv_bias", True)),
-        "qkv_bias": False,
+        "qv_bias": qv and bool(a.get("qkv_bias", True)),
+        "qkv_bias": not qv and bool(a.get("qkv_bias", True)),
     }
     if cls == "Eva" and a.get("use_rot_pos_emb"):
         rtype = a.get("rope_type", "cat")
