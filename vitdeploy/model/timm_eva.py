@@ -69,7 +69,6 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
         "swiglu_align_to": (0, "an aligned SwiGLU width (swiglu_align_to)"),
         "use_shared_rel_pos_bias": (False, "one shared relative position bias (use_shared_rel_pos_bias)"),
         "dynamic_img_pad": (False, "dynamic image padding"),
-        "qk_norm": (False, "QK-norm in Eva attention"),
     }
     for k, (ok, what) in off.items():
         if k in a and a[k] not in (ok, None if ok is False else ok):
@@ -91,16 +90,17 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
     swiglu, scale_mlp = bool(a.get("swiglu_mlp", False)), bool(a.get("scale_mlp", False))
     mlp = "mlp" if not swiglu else ("swiglu" if scale_mlp else "swiglu_packed")
     init_values = a.get("init_values")
-    if a.get("no_embed_class") and a.get("use_abs_pos_emb", True):
-        raise _refuse(where, "position embeddings that skip the prefix tokens (no_embed_class)")
     ring1: dict[str, Any] = {
         "class_token": bool(a.get("class_token", True)),
+        "no_embed_class": bool(a.get("no_embed_class", False)),
+        "qk_norm": bool(a.get("qk_norm", False)),
         "reg_tokens": int(a.get("num_reg_tokens", 0) or 0),
         "init_values": float(init_values) if init_values else None,  # Beit: `if init_values:`; Eva: not None
         "global_pool": pool,
         "fc_norm": fc_norm,
         "final_norm": post or fc_norm,
         "mlp": mlp,
+        "act": "gelu" if mlp == "mlp" else "silu",  # Eva/Beit: nn.GELU in Mlp, SiLU in GluMlp/SwiGLU
         "mlp_norm": scale_mlp,
     }
     if cls == "Eva" and init_values is not None and not init_values:
@@ -129,10 +129,6 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
         ring2["rel_pos_bias"] = bool(a.get("use_rel_pos_bias", False))
     elif cls != "Eva":
         raise VitdeployError(f"{where}: timm class {cls!r} is not Eva or Beit")
-    fields = ViTConfig.__dataclass_fields__
-    missing = [k for k in ring1 if k not in fields]
-    if missing:
-        raise VitdeployError(f"{where}: this vitdeploy has no {', '.join(missing)} yet (the ViT's first ring)")
     try:
         return ViTConfig(
             image_size=_pair(a.get("img_size", 224)),
@@ -142,7 +138,7 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
             embed_dim=dim,
             depth=int(a.get("depth", 12)),
             num_heads=heads,
-            mlp_dim=hidden,
+            mlp_dim=hidden * 2 if mlp == "swiglu_packed" else hidden,  # GluMlp(hidden_features=hidden * 2): fc1's width
             ln_eps=_norm_eps(a, where),
             **ring1,
             **ring2,
