@@ -52,6 +52,8 @@ def _refuse(where: str, what: str) -> VitdeployError:
 
 def _norm_eps(a: dict[str, Any], where: str) -> float:
     norm = a.get("norm_layer") or {"name": "LayerNorm", "eps": 1e-6}
+    if isinstance(norm, str):  # a class by name, with its default eps (timm.layers.LayerNorm: 1e-6)
+        norm = {"name": norm}
     if not isinstance(norm, dict) or norm.get("name") not in ("LayerNorm", "nn.LayerNorm"):
         raise _refuse(where, f"norm_layer {norm!r} (vitdeploy has LayerNorm)")
     return float(norm.get("eps", 1e-6 if norm.get("name") == "LayerNorm" else 1e-5))
