@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from vitdeploy.cli import app
 from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.host import cpu_int8_dot_exact
 from vitdeploy.runners import default_backend, open_runner
 
 pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'vitdeploy[cpu]')")
@@ -67,11 +68,53 @@ def test_fp32_logits_match_onnxruntime(work: Path, val: tuple[np.ndarray, np.nda
 
 @pytest.mark.parametrize("name", ["model.int8.onnx", "model.ort.int8.onnx"])
 def test_int8_logits_follow_onnxruntime(work: Path, val: tuple[np.ndarray, np.ndarray], name: str) -> None:
-    """Both runtimes run the same Q/DQ graph; they may round a tensor differently at a step edge, no more."""
+    """Both runtimes run the same Q/DQ graph; they may round a tensor differently at a step edge, no more. The CPU
+    graph (model.ort.int8.onnx) holds on every CPU; the TensorRT one (8-bit weights in the patch embedding) only
+    where the CPU adds int8 products without int16 saturation (VNNI)."""
+    if name == "model.int8.onnx" and not cpu_int8_dot_exact():
+        pytest.skip("no VNNI on this CPU: OpenVINO's first-layer int8 kernel saturates on the TensorRT graph's 8-bit "
+                    "patch embedding (test_no_vnni_saturation_and_the_overflow_fix checks it)")
     ort, ov = _both(work / name, val[0])
     scale = np.abs(ort).max()
     assert np.abs(ov - ort).mean() < 0.02 * scale
     assert (ov.argmax(1) == ort.argmax(1)).mean() >= 0.98
+
+
+def test_no_vnni_saturation_and_the_overflow_fix(work: Path, val: tuple[np.ndarray, np.ndarray],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU graph stores the patch embedding's weights in 7 bits (|q| <= 63) and every other layer in 8; `auto`
+    keeps a TensorRT-bound INT8 model off OpenVINO on a CPU without VNNI, and the CPU graph on it. On such a CPU
+    (this one, where cpu_int8_dot_exact() is False) OpenVINO really does miscompute the 8-bit patch embedding."""
+    from onnx import numpy_helper
+
+    import vitdeploy.core.host as host
+
+    m = onnx.load(str(work / "model.ort.int8.onnx"))
+    inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+    wq = {n.input[0]: np.abs(inits[n.input[0]]).max() for n in m.graph.node
+          if n.op_type == "DequantizeLinear" and n.input[0] in inits and inits[n.input[0]].dtype == np.int8}
+    conv = [k for k in wq if "Conv" in k]
+    assert len(conv) == 1 and wq[conv[0]] == 63, wq
+    assert all(v == 127 for k, v in wq.items() if k not in conv), wq
+    monkeypatch.setattr(host, "cpu_int8_dot_exact", lambda cpuinfo="": False)
+    assert default_backend(work / "model.int8.onnx") == "onnxruntime"
+    assert default_backend(work / "model.ort.int8.onnx") == "openvino"
+    assert default_backend(work / "model.onnx") == "openvino"
+    monkeypatch.undo()
+    if not host.cpu_int8_dot_exact():
+        ort, ov = _both(work / "model.int8.onnx", val[0])
+        assert np.abs(ov - ort).mean() > 0.02 * np.abs(ort).max(), "OpenVINO no longer saturates here: revisit"
+
+
+def test_cpu_int8_dot_exact_reads_the_flags(tmp_path: Path) -> None:
+    from vitdeploy.core.host import cpu_int8_dot_exact
+
+    f = tmp_path / "cpuinfo"
+    f.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 fma\n")
+    assert not cpu_int8_dot_exact(str(f))
+    f.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni\n")
+    assert cpu_int8_dot_exact(str(f))
+    assert cpu_int8_dot_exact(str(tmp_path / "absent"))
 
 
 def test_batches_of_any_size_and_the_cache(work: Path, own_cache: Path) -> None:
@@ -92,7 +135,8 @@ def test_auto_picks_openvino_for_onnx_on_a_cpu(work: Path, digits_ckpt: Path, mo
     assert default_backend(work / "model.onnx") == "openvino"
     assert default_backend(work / "model.onnx", device="cuda") == "onnxruntime"
     assert default_backend(digits_ckpt) == "torch"
-    assert open_runner(work / "model.int8.onnx").backend == "openvino"
+    # a TensorRT-bound INT8 model stays off OpenVINO on a CPU without VNNI (test_no_vnni_saturation_and_the_overflow_fix)
+    assert open_runner(work / "model.int8.onnx").backend == ("openvino" if cpu_int8_dot_exact() else "onnxruntime")
     monkeypatch.setitem(sys.modules, "openvino", None)  # what Python does when openvino is not installed
     assert default_backend(work / "model.onnx") == "onnxruntime"
 

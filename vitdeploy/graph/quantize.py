@@ -42,6 +42,7 @@ class Layer:
     weight: str | None = None  # initializer holding the weight (after resolving Identity/Constant)
     weight_input: int = 1
     weight_axis: int = 0  # the output-channel axis of the weight as stored
+    weight_bits: int = 8  # 7: the overflow fix of a CPU graph's first layer (first_layer_overflow_fix)
 
 
 # --- reading the graph ---------------------------------------------------------------------
@@ -255,14 +256,15 @@ def _scale(amax: float) -> np.float32:
     return np.float32(max(float(amax), 1e-8) / QMAX)
 
 
-def quantize_weight(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per-output-channel int8 ([-127, 127]) and the float32 scales."""
+def quantize_weight(w: np.ndarray, axis: int, bits: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-output-channel int8 ([-127, 127]; [-63, 63] with ``bits=7``) and the float32 scales."""
+    qmax = float(2 ** (bits - 1) - 1)
     red = tuple(i for i in range(w.ndim) if i != axis)
     amax = np.abs(w).max(axis=red)
-    scale = (np.maximum(amax, 1e-8) / QMAX).astype(np.float32)
+    scale = (np.maximum(amax, 1e-8) / qmax).astype(np.float32)
     shape = [1] * w.ndim
     shape[axis] = -1
-    q = np.clip(np.round(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+    q = np.clip(np.round(w / scale.reshape(shape)), -qmax, qmax).astype(np.int8)
     return q, scale
 
 
@@ -272,7 +274,8 @@ QuantizedWeights = dict[str, tuple[np.ndarray, np.ndarray]]  # layer node → (i
 def quantize_weights(model: Any, layers: Iterable[Layer]) -> QuantizedWeights:
     """Every weighted layer's int8 weight and scales, computed once for all the graphs built from them."""
     consts = _constants(model)
-    return {la.node: quantize_weight(consts[la.weight], la.weight_axis) for la in layers if la.weight is not None}
+    return {la.node: quantize_weight(consts[la.weight], la.weight_axis, la.weight_bits) for la in layers
+            if la.weight is not None}
 
 
 def insert_qdq(
@@ -402,8 +405,25 @@ def attention_score_layers(model: Any, layers: Iterable[Layer]) -> list[Layer]:
     return [la for la in layers if la.kind == "attention" and not any(from_softmax(t) for t in la.activations)]
 
 
+def first_layer_overflow_fix(model: Any, layers: list[Layer]) -> list[Layer]:
+    """The layers with the weights of the image-reading layer (the patch embedding's Conv) in 7 bits.
+
+    On a CPU without VNNI (AVX2 only), OpenVINO's int8 kernel for a layer reading the image multiplies u8 by s8 and
+    adds pairs in int16 with saturation (255 * 127 * 2 > 32767): measured here on an AVX2-only AMD EPYC, the digits
+    ViT's patch-embedding Conv came out with max |error| 26% of its range on OpenVINO 2026.4 (ONNX Runtime exact), and
+    91 of 360 top-1 answers changed. With 7-bit weights (255 * 63 * 2 < 32767) OpenVINO and ONNX Runtime agree
+    exactly there. NNCF does the same by default (``AdvancedQuantizationParameters.overflow_fix="first_layer_only"``),
+    and an artifact cannot know the CPU it will run on, so a CPU graph always gets it."""
+    import dataclasses
+
+    inputs = {i.name for i in model.graph.input}
+    first = {la.node for la in layers if la.weight is not None and (la.kind == "conv" or set(la.activations) & inputs)}
+    return [dataclasses.replace(la, weight_bits=7) if la.node in first else la for la in layers]
+
+
 def cpu_layers(model: Any, layers: list[Layer], quantize_attention: bool) -> list[Layer]:
     """The layers an INT8 graph for a CPU quantizes: every linear/conv layer and Q·Kᵀ (Softmax·V too with
-    ``quantize_attention``), in graph order."""
+    ``quantize_attention``), in graph order; the patch embedding's weights in 7 bits (first_layer_overflow_fix)."""
     scores = {la.node for la in attention_score_layers(model, layers)}
-    return [la for la in layers if la.kind != "attention" or quantize_attention or la.node in scores]
+    return first_layer_overflow_fix(model, [la for la in layers if la.kind != "attention" or quantize_attention
+                                            or la.node in scores])
