@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from PIL import Image
 from typer.testing import CliRunner
 
 from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.preprocess import preprocess_file
-from vitdeploy.model.importers import load_any, timm_arch
+from vitdeploy.model.importers import load_any
 from vitdeploy.model.importers import read_any_manifest as read_manifest
+from vitdeploy.model.timm_import import timm_arch
 from vitdeploy.model.vit import IMAGENET_MEAN, IMAGENET_STD, VisionTransformer, ViTConfig
 
 HF_LABELS = ["cat", "dog", "bird", "fish"]
@@ -201,38 +201,14 @@ def timm_state_dict(embed: int, depth: int, patch: int, img: int, n_cls: int, ml
     return sd
 
 
-def timm_reference_forward(sd: dict[str, torch.Tensor], x: torch.Tensor, num_heads: int, eps: float = 1e-6) -> torch.Tensor:
-    """timm's ViT forward written out from its layout: patchify conv, [cls] + tokens + pos_embed, pre-norm blocks
-    (qkv reshaped to (B, N, 3, heads, head_dim), softmax(q·kᵀ·scale)·v, exact GELU MLP), then either norm → cls
-    token (global_pool='token') or mean of patch tokens → fc_norm (global_pool='avg'), then the head."""
-    x = x.double()
-    sd = {k: v.double() for k, v in sd.items()}
-    t = F.conv2d(x, sd["patch_embed.proj.weight"], sd["patch_embed.proj.bias"], stride=sd["patch_embed.proj.weight"].shape[-1])
-    t = t.flatten(2).transpose(1, 2)
-    t = torch.cat([sd["cls_token"].expand(t.shape[0], -1, -1), t], 1) + sd["pos_embed"]
-    B, N, C = t.shape
-    hd = C // num_heads
-    depth = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks."))
-
-    def ln(z: torch.Tensor, name: str) -> torch.Tensor:
-        return F.layer_norm(z, (C,), sd[name + ".weight"], sd[name + ".bias"], eps)
-
-    for i in range(depth):
-        b = f"blocks.{i}."
-        h = ln(t, b + "norm1")
-        qkv = F.linear(h, sd[b + "attn.qkv.weight"], sd.get(b + "attn.qkv.bias"))
-        q, k, v = qkv.reshape(B, N, 3, num_heads, hd).permute(2, 0, 3, 1, 4)
-        a = ((q @ k.transpose(-2, -1)) * hd**-0.5).softmax(-1)
-        o = (a @ v).transpose(1, 2).reshape(B, N, C)
-        t = t + F.linear(o, sd[b + "attn.proj.weight"], sd[b + "attn.proj.bias"])
-        h = ln(t, b + "norm2")
-        h = F.linear(F.gelu(F.linear(h, sd[b + "mlp.fc1.weight"], sd[b + "mlp.fc1.bias"])), sd[b + "mlp.fc2.weight"], sd[b + "mlp.fc2.bias"])
-        t = t + h
-    if "fc_norm.weight" in sd:
-        feat = ln(t[:, 1:].mean(1), "fc_norm")
-    else:
-        feat = ln(t, "norm")[:, 0]
-    return F.linear(feat, sd["head.weight"], sd["head.bias"]).float()
+def timm_forward(sd: dict[str, torch.Tensor], arch: str, x: torch.Tensor, **kwargs: object) -> torch.Tensor:
+    """timm's own forward pass: ``timm.create_model(arch, **kwargs)`` with ``sd`` loaded strictly."""
+    timm = pytest.importorskip("timm")
+    n_cls = int(sd["head.weight"].shape[0])
+    model = timm.create_model(arch, pretrained=False, num_classes=n_cls, weight_init="skip", **kwargs).eval()
+    model.load_state_dict(sd, strict=True)
+    with torch.no_grad():
+        return model(x)
 
 
 def timm_reference_pixels(path: Path, size: int, crop_pct: float, mean: tuple, std: tuple) -> np.ndarray:
@@ -276,7 +252,7 @@ def test_timm_fc_norm_avg_pool_no_qkv_bias_and_labels(tmp_path: Path) -> None:
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         got = ck.build()(x)
-    ref = timm_reference_forward(sd, x, num_heads=3)
+    ref = timm_forward(sd, "deit_tiny_patch16_224", x, global_pool="avg", qkv_bias=False)
     assert ref.std() > 0.1
     assert (got - ref).abs().max().item() <= 1e-4
 
@@ -302,15 +278,19 @@ def test_timm_refusals_name_the_problem(timm_file: Path, tmp_path: Path) -> None
         p = tmp_path / "384.pth"
         torch.save(timm_state_dict(n_cls=2, seed=1, embed=192, depth=12, patch=16, img=384, mlp=768), p)
         load_any(p, arch="vit_tiny_patch16_224")
-    with pytest.raises(UsageError, match="distillation token"):
+    with pytest.raises(VitdeployError, match="do not fit.*missing dist_token"):
         load_any(timm_file, arch="deit_tiny_distilled_patch16_224")
-    with pytest.raises(UsageError, match="not a timm ViT vitdeploy can map"):
+    with pytest.raises(VitdeployError, match="not vit_base_patch16_clip_224: embed_dim 192 \\(not 768\\)"):
         load_any(timm_file, arch="vit_base_patch16_clip_224")
+    with pytest.raises(UsageError, match="not a timm ViT name.*did you mean vit_tiny_patch16_224"):
+        load_any(timm_file, arch="vit_tiny_patch16_22")
+    with pytest.raises(VitdeployError, match="convolutional stem \\(hybrid\\)"):
+        load_any(timm_file, arch="vit_base_r50_s16_224")
     sd = torch.load(timm_file, weights_only=True)
     sd["dist_token"] = torch.zeros(1, 1, 192)
     p = tmp_path / "dist.pth"
     torch.save(sd, p)
-    with pytest.raises(VitdeployError, match="distilled DeiT"):
+    with pytest.raises(VitdeployError, match="do not fit.*unexpected dist_token"):
         load_any(p, arch="deit_tiny_patch16_224")
     with pytest.raises(VitdeployError, match="distilled DeiT"):
         load_any(p)
@@ -336,8 +316,10 @@ def test_timm_arch_table_follows_timm_cfgs() -> None:
     assert timm_arch("vit_small_patch16_224.dino").preprocess["std"] == list(IMAGENET_STD)
     g = timm_arch("vit_giant_patch14_224")
     assert g.config.hidden_dim == 6144
-    with pytest.raises(UsageError):
-        timm_arch("deit3_small_patch16_224")
+    d3 = timm_arch("deit3_small_patch16_224")
+    assert d3.config.init_values == 1e-6 and d3.config.no_embed_class
+    with pytest.raises(UsageError, match="no tag 'nope'"):
+        timm_arch("vit_small_patch16_224.nope")
 
 
 def test_default_vit_is_unchanged_by_the_fc_norm_option() -> None:
@@ -460,7 +442,7 @@ def test_timm_state_dict_gives_reference_logits_in_torch_and_onnx(timm_file: Pat
     ref_pixels = np.stack([timm_reference_pixels(f, 224, 0.9, (0.5,) * 3, (0.5,) * 3) for f in files])
     ours = np.stack([preprocess_file(f, pp) for f in files])
     assert np.abs(ours - ref_pixels).max() < 1e-5
-    ref = timm_reference_forward(torch.load(timm_file, weights_only=True), torch.from_numpy(ref_pixels), num_heads=3)
+    ref = timm_forward(torch.load(timm_file, weights_only=True), "vit_tiny_patch16_224", torch.from_numpy(ref_pixels))
     assert ref.std() > 0.1
     with torch.no_grad():
         assert (ck.build()(torch.from_numpy(ours)) - ref).abs().max().item() <= 1e-4
@@ -517,10 +499,15 @@ def test_timm_hub_folder_takes_arch_preprocessing_and_labels_from_config(tmp_pat
     pp = m.pp()
     assert (pp.crop_pct, pp.interpolation, pp.mean, pp.std) == (0.95, "bilinear", (0.4, 0.5, 0.6), (0.2, 0.3, 0.4))
     assert all(torch.equal(ck.state_dict[k], v) for k, v in sd.items())
-    cfg["model_args"] = {"reg_tokens": 4}
+    cfg["model_args"] = {"reg_tokens": 4}  # a knob the ViT has, but these weights were not trained with it
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(VitdeployError, match="model_args reg_tokens"):
+    with pytest.raises(VitdeployError, match="do not fit.*missing reg_token"):
         load_any(d)
+    for arg, word in (({"scale_attn_norm": True}, "scale_attn_norm"), ({"lens_flare": 2}, "timm argument lens_flare=2")):
+        cfg["model_args"] = arg  # an argument the ViT does not have: named
+        (d / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(VitdeployError, match=word):
+            load_any(d)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,291 @@
+"""timm's architecture, as timm wrote it, onto ViTConfig: model names (--arch) and a folder's ``model_args``.
+
+Names resolve through timm_archs.json, which scripts/gen_timm_archs.py generates from timm's own model registrations
+(the kwargs each entry function passes to the model class, and each pretrained cfg's preprocessing); timm is never
+imported here. One mapper, ``config_from_timm``, turns timm kwargs into a ViTConfig, for a name's recorded kwargs and
+for a ``save_for_hf`` folder's ``model_args`` alike; an argument the vitdeploy ViT has no equivalent for is refused
+by name.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.model.presets import ViTConfig
+
+ARCHS_FILE = Path(__file__).with_name("timm_archs.json")
+
+# timm kwargs that only train (dropout, init, stochastic depth) or that leave a fixed-size eval forward as it is.
+_EVAL_NEUTRAL = {
+    "drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate",
+    "weight_init", "fix_init", "dynamic_img_size", "dynamic_img_pad", "out_indices", "pretrained_strict",
+}
+# timm kwargs with the same name and meaning in ViTConfig
+_SAME = (
+    "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "qk_norm",
+    "init_values", "class_token", "no_embed_class", "reg_tokens", "pre_norm", "final_norm", "fc_norm",
+    "pool_include_prefix",
+)
+_ACTS = {"gelu": "gelu", "GELU": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu", "QuickGELU": "quick_gelu",
+         "silu": "silu", "SiLU": "silu", "swish": "silu"}
+# what a timm option the ViT lacks is, in words
+_MISSING = {
+    "embed_layer": "a patch embedding other than a plain strided conv",
+    "embed_norm_layer": "a norm inside the patch embedding (embed_norm_layer)",
+    "block_fn": "blocks other than timm's pre-norm Block",
+    "attn_layer": "an attention other than timm's Attention",
+    "scale_attn_norm": "a norm inside the attention before its projection (scale_attn_norm)",
+    "proj_bias": "projections without bias (proj_bias=False)",
+    "pos_embed": "no absolute position embedding (pos_embed='none')",
+}
+
+
+def _name(v: Any) -> str | None:
+    """A class or partial as the generator wrote it: "SwiGLU", {"name": "LayerNorm", "eps": 1e-5}."""
+    if isinstance(v, dict):
+        return str(v.get("name"))
+    return None if v is None else str(v)
+
+
+def config_from_timm(model_cls: str, kwargs: dict[str, Any], where: str) -> ViTConfig:
+    """The ViTConfig of timm's ``model_cls(**kwargs)``; VitdeployError naming the first argument it cannot have."""
+    if model_cls not in ("VisionTransformer", "VisionTransformerDistilled"):
+        raise VitdeployError(f"{where}: timm's {model_cls}, which the vitdeploy ViT does not implement")
+    out: dict[str, Any] = {"ln_eps": 1e-6, "distilled": model_cls == "VisionTransformerDistilled"}
+    for k, v in kwargs.items():
+        if k in _EVAL_NEUTRAL:
+            continue
+        if k in _SAME:
+            out[k] = v
+        elif k == "img_size":
+            out["image_size"] = (v, v) if isinstance(v, int) else tuple(v)
+        elif k == "global_pool":
+            if v not in ("token", "avg", "map"):
+                raise VitdeployError(f"{where}: global_pool {v!r}, which the vitdeploy ViT does not have (token, avg, map)")
+            out["global_pool"] = v
+        elif k == "act_layer":
+            act = _ACTS.get(_name(v) or "gelu")
+            if act is None:
+                raise VitdeployError(f"{where}: the activation {_name(v)!r}, which the vitdeploy ViT does not have")
+            out["act"] = act
+        elif k == "norm_layer":
+            n = _name(v)
+            if n in ("LayerNorm", "layernorm"):
+                out["ln_eps"] = float(v.get("eps", 1e-6 if n != "LayerNorm" else 1e-6)) if isinstance(v, dict) else 1e-6
+            else:
+                raise VitdeployError(f"{where}: the norm layer {n!r}, which the vitdeploy ViT does not have (LayerNorm)")
+        elif k == "mlp_layer":
+            n = _name(v)
+            if n == "Mlp":
+                out["mlp"] = "mlp"
+            elif n == "SwiGLU":
+                out["mlp"] = "swiglu"
+            elif n in ("SwiGLUPacked",) or (n == "GluMlp" and isinstance(v, dict) and v.get("gate_last") is False):
+                out["mlp"] = "swiglu_packed"
+            else:
+                raise VitdeployError(f"{where}: the MLP {n!r}, which the vitdeploy ViT does not have (Mlp, SwiGLU, SwiGLUPacked)")
+        elif k == "scale_mlp_norm":
+            out["mlp_norm"] = bool(v)
+        elif k == "embed_layer" and _name(v) == "PatchEmbed":
+            continue
+        elif k == "block_fn" and _name(v) == "Block":
+            continue
+        elif k == "attn_layer" and _name(v) in ("", "attn", "Attention"):
+            continue
+        elif k in ("scale_attn_norm", "embed_norm_layer") and not v:
+            continue
+        elif k == "proj_bias" and v:
+            continue
+        elif k == "pos_embed" and v == "learn":
+            continue
+        elif k == "embed_layer" and _name(v) == "HybridEmbed":
+            raise VitdeployError(f"{where}: a timm ViT with a convolutional stem (hybrid), which the vitdeploy ViT does not have")
+        elif k in _MISSING:
+            raise VitdeployError(f"{where}: {_MISSING[k]} ({k}={_name(v) if isinstance(v, dict) else v!r}), which the vitdeploy ViT does not have")
+        else:
+            raise VitdeployError(f"{where}: the timm argument {k}={v!r}, which the vitdeploy ViT does not have")
+    if out.get("global_pool") == "token" and out.get("class_token") is False:
+        out["global_pool"] = "avg"  # not built by timm either; keep the config valid
+    try:
+        return ViTConfig(**out)
+    except ValueError as e:
+        raise VitdeployError(f"{where}: {e}") from None
+
+
+@functools.cache
+def _table() -> dict[str, Any]:
+    return json.loads(ARCHS_FILE.read_text())
+
+
+def timm_version() -> str:
+    """The timm version timm_archs.json was read from."""
+    return str(_table()["timm_version"])
+
+
+@dataclass(frozen=True)
+class TimmArch:
+    """A timm model name resolved to its architecture and its pretrained cfg's preprocessing."""
+
+    name: str
+    tag: str | None
+    config: ViTConfig
+    preprocess: dict[str, Any]
+    model_cls: str
+    kwargs: dict[str, Any]
+
+
+def pp_from_pretrained_cfg(pcfg: dict[str, Any], where: str) -> dict[str, Any]:
+    """A timm pretrained cfg (input_size, interpolation, crop_pct, crop_mode, mean, std) as a vitdeploy Preprocess
+    dict. Eval transform (timm/data/transforms_factory.py): resize the shorter side to size / crop_pct, center crop;
+    crop_mode squash resizes both sides."""
+    _, h, w = (int(v) for v in pcfg.get("input_size", (3, 224, 224)))
+    mode = pcfg.get("crop_mode") or "center"
+    if mode not in ("center", "squash"):
+        raise VitdeployError(f"{where}: crop_mode {mode!r} has no vitdeploy equivalent (center or squash)")
+    return {
+        "input_size": [h, w],
+        "resize_mode": "shorter" if mode == "center" else "squash",
+        "crop_pct": float(pcfg.get("crop_pct", 0.875)),
+        "interpolation": str(pcfg.get("interpolation", "bicubic")),
+        "mean": [float(v) for v in pcfg.get("mean", (0.485, 0.456, 0.406))],
+        "std": [float(v) for v in pcfg.get("std", (0.229, 0.224, 0.225))],
+        "channel_order": "RGB",
+    }
+
+
+def timm_arch(name: str, overrides: dict[str, Any] | None = None) -> TimmArch:
+    """Architecture and eval preprocessing of a timm model name (``vit_base_patch16_224`` or ``...224.augreg_in1k``),
+    from the table timm's registrations generated. ``overrides``: timm kwargs over the name's (a folder's model_args).
+
+    An unknown name: UsageError (exit 2) with the closest names; a known name whose features the ViT lacks:
+    VitdeployError (exit 1) naming the feature.
+    """
+    base, _, tag = name.strip().partition(".")
+    archs = _table()["archs"]
+    entry = archs.get(base)
+    if entry is None:
+        close = difflib.get_close_matches(base, list(archs), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; `timm.list_models('vit_*')` lists timm's names"
+        raise UsageError(f"--arch {name}: not a timm ViT name vitdeploy knows (timm {timm_version()}){hint}")
+    if tag and tag not in entry.get("all_tags", [tag]):
+        raise UsageError(f"--arch {name}: timm has no tag {tag!r} for {base}; its tags: {', '.join(entry.get('all_tags', []))}")
+    kwargs = {**entry["kwargs"], **(overrides or {})}
+    cfg = config_from_timm(entry["class"], kwargs, f"--arch {name}")
+    pcfg = {**entry.get("preprocess", {}), **entry.get("tags", {}).get(tag or entry.get("default_tag"), {})}
+    pp = pp_from_pretrained_cfg(pcfg, f"--arch {name}")
+    if "img_size" in kwargs or tuple(pp["input_size"]) != cfg.image_size:
+        pp["input_size"] = list(cfg.image_size)
+    if "img_size" not in kwargs and tuple(pcfg.get("input_size", (3, *cfg.image_size))[1:]) != cfg.image_size:
+        try:  # timm builds at the pretrained cfg's size
+            cfg = cfg.with_(image_size=tuple(pcfg["input_size"][1:]))
+        except ValueError as e:
+            raise VitdeployError(f"--arch {name}: {e}") from None
+        pp["input_size"] = list(cfg.image_size)
+    return TimmArch(base, tag or None, cfg, pp, entry["class"], kwargs)
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+def _fit_to_weights(cfg: ViTConfig, sd: dict[str, Any], where: str, arch: str) -> ViTConfig:
+    """The name's config with what a timm user may change at create_model without changing the name, read from the
+    weights: the class count (``num_classes``), ``global_pool='avg'`` (fc_norm instead of norm) and ``qkv_bias``.
+    Widths, depth, patch size or an input size that differ are named, with the --arch that fits where one can."""
+    pw = sd["patch_embed.proj.weight"]
+    depth = 1 + max((int(k.split(".")[1]) for k in sd if k.startswith("blocks.")), default=-1)
+    got = {"embed_dim": int(pw.shape[0]), "depth": depth, "patch_size": int(pw.shape[-1])}
+    want = {"embed_dim": cfg.embed_dim, "depth": cfg.depth, "patch_size": cfg.patch_size}
+    if got != want:
+        diff = ", ".join(f"{k} {got[k]} (not {want[k]})" for k in want if got[k] != want[k])
+        raise VitdeployError(f"{where}: the weights are not {arch}: {diff}; pass the --arch they were trained as")
+    head = sd.get("head.weight")
+    changes: dict[str, Any] = {"num_classes": int(head.shape[0]) if head is not None else 0}
+    if "fc_norm.weight" in sd and "norm.weight" not in sd and not cfg.use_fc_norm and cfg.global_pool == "token":
+        changes.update(global_pool="avg", fc_norm=True)  # timm.create_model(name, global_pool='avg')
+    if ("blocks.0.attn.qkv.bias" in sd) != cfg.qkv_bias:
+        changes["qkv_bias"] = "blocks.0.attn.qkv.bias" in sd
+    cfg = cfg.with_(**changes)
+    pe = sd.get("pos_embed")
+    if pe is not None and pe.ndim == 3 and int(pe.shape[1]) != cfg.pos_embed_len:
+        n = int(pe.shape[1]) - (cfg.pos_embed_len - cfg.grid_size[0] * cfg.grid_size[1])
+        side = int(round(max(n, 0) ** 0.5))
+        if side * side == n and side > 0:
+            size = side * cfg.patch_size
+            base = arch.partition(".")[0]
+            hint = re.sub(r"_(\d+)$", f"_{size}", base)
+            fix = f"pass --arch {hint}" if hint != base and hint in _table()["archs"] else "pass the --arch they were trained as"
+            raise VitdeployError(
+                f"{where}: the position embeddings are for {size}x{size} inputs, not {arch}'s "
+                f"{cfg.image_size[0]}x{cfg.image_size[1]}; {fix}"
+            )
+    return cfg
+
+
+def load_timm(path: str | Path, arch: str, labels: str | Path | None = None, loaded: Any = None,
+              overrides: dict[str, Any] | None = None) -> Any:
+    """A timm ViT state dict (plain, or inside a timm training checkpoint) with its timm model name."""
+    from vitdeploy.model.checkpoint import Checkpoint, describe_foreign
+    from vitdeploy.model.weights import _check_fits, _float32, _manifest, labels_for, read_tensors
+
+    p = Path(path)
+    spec = timm_arch(arch, overrides)
+    sd, key = read_tensors(p, loaded)
+    sd = {k: v for k, v in sd.items() if not k.startswith("pre_logits.")}  # unused representation layer of old weights
+    if "patch_embed.proj.weight" not in sd:
+        raise VitdeployError(f"{p}: not a timm ViT state dict — {describe_foreign(sd)}")
+    cfg = _fit_to_weights(spec.config, sd, str(p), arch)
+    state = _float32(sd)
+    _check_fits(state, cfg, f"{p} (as {arch})")
+    n = cfg.num_classes
+    names = labels_for(labels, n) if labels is not None else [f"class_{i}" for i in range(n)]
+    source = {"format": "timm", "path": str(p.resolve()), "arch": arch, "state_dict_key": key, "timm_table": timm_version()}
+    name = spec.name + (f".{spec.tag}" if spec.tag else "")
+    return Checkpoint(_manifest(cfg, names, dict(spec.preprocess), name, source), state)
+
+
+def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None, labels: str | Path | None = None) -> Any:
+    """A timm model folder as timm's ``save_for_hf``/``push_to_hub`` writes it (and the Hub serves it).
+
+    config.json holds ``architecture``, ``model_args`` (timm kwargs over the name's: read with the same mapper as the
+    name's own), ``pretrained_cfg`` (preprocessing) and optionally ``label_names``; the weights are model.safetensors
+    or pytorch_model.bin (timm/models/_hub.py: save_config_for_hf, _parse_model_cfg).
+    """
+    from vitdeploy.model.sources import HF_CONFIG
+
+    d = Path(folder)
+    if cfg_json is None:
+        cfg_json = json.loads((d / HF_CONFIG).read_text())
+    arch = str(cfg_json["architecture"])
+    pcfg = dict(cfg_json.get("pretrained_cfg") or {})
+    if "pretrained_cfg" not in cfg_json:  # timm's legacy single-dict config
+        pcfg = {k: v for k, v in cfg_json.items() if k != "architecture"}
+    tag = pcfg.get("tag")
+    model_args = dict(cfg_json.get("model_args") or {})
+    weights = next((d / n for n in ("model.safetensors", "pytorch_model.bin") if (d / n).is_file()), None)
+    if weights is None:
+        raise VitdeployError(f"{d}: no model.safetensors or pytorch_model.bin beside config.json")
+    name = f"{arch}.{tag}" if tag and "." not in arch else arch
+    try:
+        ck = load_timm(weights, name, labels, overrides=model_args)
+    except UsageError as e:  # an unknown name in a folder is the folder's problem, not an option's
+        raise VitdeployError(f"{d / HF_CONFIG}: {e}") from None
+    m = ck.manifest
+    pp = pp_from_pretrained_cfg({**pcfg, "input_size": pcfg.get("input_size", (3, *m.model["image_size"]))}, str(d / HF_CONFIG))
+    if tuple(pp["input_size"]) != tuple(m.model["image_size"]):
+        raise VitdeployError(f"{d}: pretrained_cfg input_size {pp['input_size']} differs from the model's {m.model['image_size']}")
+    m.preprocess = pp
+    names = cfg_json.get("label_names", pcfg.get("label_names"))
+    if labels is None and names:
+        if isinstance(names, dict):
+            names = [names[k] for k in sorted(names, key=int)]
+        if len(names) == m.num_classes:
+            m.labels = [str(n) for n in names]
+    m.source = {**m.source, "format": "timm-hub", "path": str(d.resolve()), "weights": weights.name}
+    return ck

@@ -1,0 +1,142 @@
+"""Weight files read without the library that wrote them: state dicts (.pth/.bin/.safetensors, timm training
+checkpoints), class-name files, and the check that weights fit the ViT a config describes. Shared by the Hugging
+Face and timm importers (model/importers.py, model/timm_import.py)."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.manifest import Manifest, tool_versions
+from vitdeploy.model.checkpoint import describe_foreign, unwrap_state_dict
+from vitdeploy.model.sources import LEGACY_MESSAGE, is_legacy_torch_file
+from vitdeploy.model.vit import VisionTransformer, ViTConfig
+
+
+def read_labels(path: str | Path) -> list[str]:
+    """Class names, one per line (blank lines at the end ignored)."""
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UsageError(f"--labels {p}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--labels {p}: cannot read it as text ({type(e).__name__})") from None
+    while lines and not lines[-1].strip():
+        lines.pop()
+    names = [ln.strip() for ln in lines]
+    if not names:
+        raise UsageError(f"--labels {p}: empty; write one class name per line")
+    if any(not n for n in names):
+        raise UsageError(f"--labels {p}: line {names.index('') + 1} is blank; write one class name per line")
+    return names
+
+
+def labels_for(path: str | Path, num_classes: int) -> list[str]:
+    """The class names in ``path``, checked against the head's class count."""
+    return _check_label_count(read_labels(path), num_classes, str(path))
+
+
+def _check_label_count(labels: list[str], n: int, where: str) -> list[str]:
+    if len(labels) != n:
+        raise VitdeployError(
+            f"{where} has {len(labels)} class names but the classifier head has {n} classes: give one name per class"
+        )
+    return labels
+
+
+def torch_load(p: Path) -> Any:
+    """torch.load(weights_only=True); timm's training checkpoints also hold argparse.Namespace ``args``, allowed here."""
+    import argparse
+
+    if p.suffix == ".npz":
+        raise VitdeployError(f"{p}: JAX/NumPy .npz weights; load them in timm (which converts them) and save model.state_dict()")
+    if not zipfile.is_zipfile(p):
+        if is_legacy_torch_file(p):
+            raise VitdeployError(f"{p}: {LEGACY_MESSAGE}")
+        raise VitdeployError(f"{p}: not a PyTorch zip file or a safetensors file (truncated or another format)")
+    allow = getattr(torch.serialization, "safe_globals", None)  # torch >= 2.5
+    try:
+        if allow is None:
+            return torch.load(p, map_location="cpu", weights_only=True)
+        with allow([argparse.Namespace]):
+            return torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "weights_only" in msg or "Unsupported global" in msg:
+            raise VitdeployError(f"{p}: holds pickled Python objects besides tensors; save its state_dict() alone") from None
+        raise VitdeployError(f"{p}: a truncated or corrupt file ({msg[:80]})") from None
+
+
+def _safetensors_load(p: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(p))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise VitdeployError(f"{p}: not a readable safetensors file ({str(e)[:80]})") from None
+
+
+def read_tensors(path: str | Path, loaded: Any = None) -> tuple[dict[str, torch.Tensor], str | None]:
+    """The state dict in a .safetensors/.pth/.bin file, and which key of a training checkpoint it came from.
+
+    Follows timm's own loader (``timm.models.load_state_dict(use_ema=True)``): ``state_dict_ema``,
+    then ``model_ema``, ``state_dict``, ``model``; a DataParallel ``module.`` prefix is dropped.
+    ``loaded``: the object already read from ``path`` (so it is not read twice).
+    """
+    p = Path(path)
+    obj: Any = loaded
+    if loaded is not None:
+        pass
+    elif not p.is_file():
+        raise VitdeployError(f"{p}: no such file")
+    elif p.stat().st_size == 0:
+        raise VitdeployError(f"{p}: empty file, not a checkpoint")
+    elif p.suffix == ".safetensors":
+        obj = _safetensors_load(p)
+    else:
+        obj = torch_load(p)
+    obj, key = unwrap_state_dict(obj)
+    if not isinstance(obj, dict) or not any(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise VitdeployError(f"{p}: not a state dict — {describe_foreign(obj)}")
+    return {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}, key
+
+
+def _float32(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: (v.float() if v.is_floating_point() else v).contiguous() for k, v in sd.items()}
+
+
+def _check_fits(state: dict[str, torch.Tensor], cfg: ViTConfig, where: str) -> None:
+    """Compare names and shapes with the model the config describes, on the meta device (no memory)."""
+    with torch.device("meta"):
+        ref = VisionTransformer(cfg).state_dict()
+    missing = [k for k in ref if k not in state]
+    extra = [k for k in state if k not in ref]
+    wrong = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in ref.items() if k in state and state[k].shape != v.shape]
+    if missing or extra or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing[:3])}")
+        if extra:
+            parts.append(f"unexpected {', '.join(extra[:3])}")
+        if wrong:
+            parts.append(f"shape {'; '.join(wrong[:2])}")
+        raise VitdeployError(f"{where}: the weights do not fit the architecture ({'; '.join(parts)})")
+
+
+def _manifest(cfg: ViTConfig, labels: list[str], pp: dict[str, Any], name: str, source: dict[str, Any]) -> Manifest:
+    return Manifest(
+        model=cfg.to_dict(),
+        labels=labels,
+        preprocess=pp,
+        name=name,
+        source=source,
+        versions=tool_versions("torch", "safetensors"),
+    )
+
+
