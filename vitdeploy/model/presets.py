@@ -100,7 +100,20 @@ class ViTConfig:
     act: str = "gelu"
     mlp: str = "mlp"  # "swiglu_packed": timm's SwiGLUPacked (fc1 -> chunk); "swiglu": timm's SwiGLU (fc1_g, fc1_x)
     mlp_norm: bool = False  # LayerNorm inside the MLP before fc2 (timm's scale_mlp_norm; mlp.norm)
-    # --- ring 2 (RoPE, relative position bias, q/v bias: timm's eva.py / beit.py) goes here ---
+    # --- ring 2 (timm's eva.py / beit.py) ---
+    # Absolute position embeddings (timm's use_abs_pos_emb): BEiT, DINOv3 and the RoPE ViTs have none.
+    abs_pos_embed: bool = True
+    # q and v biases without a k bias (BEiT/EVA's q_bias, v_bias parameters); replaces qkv_bias.
+    qv_bias: bool = False
+    # Rotary position embeddings (model/rope.py): "" none, "cat" (EVA-02, timm's vit_*_rope_*), "dinov3".
+    rope: str = ""
+    rope_temperature: float = 10000.0
+    rope_ref_grid: tuple[int, int] | None = None  # timm's ref_feat_shape: positions rescaled onto this grid
+    rope_half: bool = False  # rotate-half layout (DINOv3) instead of interleaved pairs (EVA)
+    rope_grid_offset: float = 0.0
+    rope_grid_indexing: str = "ij"
+    # BEiT's relative position bias, one table per block (model/relpos.py).
+    rel_pos_bias: bool = False
     # The old constructor keyword: pool "cls" | "mean" (LayerNorm before the pooling unless final_norm says fc_norm).
     pool: InitVar[str | None] = None
 
@@ -139,6 +152,18 @@ class ViTConfig:
             raise ValueError(f"act must be one of {', '.join(ACTS)}, not {self.act!r}")
         if self.mlp not in MLPS:
             raise ValueError(f"mlp must be one of {', '.join(MLPS)}, not {self.mlp!r}")
+        if self.rope_ref_grid is not None:
+            object.__setattr__(self, "rope_ref_grid", _pair(self.rope_ref_grid))
+        if self.qv_bias and self.qkv_bias:
+            raise ValueError("qv_bias replaces qkv_bias (no k bias): set qkv_bias=False")
+        if self.rope not in ("", "cat", "dinov3"):
+            raise ValueError(f"rope must be '', 'cat' or 'dinov3', not {self.rope!r}")
+        if self.rope and (self.embed_dim // self.num_heads) % 4:
+            raise ValueError(f"rotary embeddings need a head dim divisible by 4, not {self.embed_dim // self.num_heads}")
+        if self.rope_grid_indexing not in ("ij", "xy"):
+            raise ValueError(f"rope_grid_indexing must be 'ij' or 'xy', not {self.rope_grid_indexing!r}")
+        if self.rel_pos_bias and (self.num_prefix_tokens != 1 or not self.class_token):
+            raise ValueError("the relative position bias (BEiT) is laid out for one class token and no other prefix")
         if self.mlp == "swiglu_packed" and self.hidden_dim % 2:
             raise ValueError(f"mlp 'swiglu_packed' splits fc1 in two halves: its width {self.hidden_dim} must be even")
 

@@ -25,6 +25,8 @@ from vitdeploy.model.presets import (
     get_preset,
     preset_table,
 )
+from vitdeploy.model.relpos import RelativePositionBias
+from vitdeploy.model.rope import Rope, apply_rope, sequence_tables
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "PRESETS", "Attention", "Block", "LayerScale", "Mlp", "PatchEmbed", "Preset",
@@ -61,6 +63,16 @@ class Attention(nn.Module):
     pattern TensorRT fuses (q/k norm, when there, comes before it). ``return_attn`` takes an explicit path that
     also hands back the attention probabilities (for attention maps), so the normal path and
     the exported graph stay untouched.
+
+    Second-ring options (timm's eva.py / beit.py), all off by default:
+    - ``qv_bias``: q and v biases without a k bias, held as timm's Eva/Beit hold them: ``qkv.weight`` with no
+      bias, parameters ``q_bias`` and ``v_bias``, and a non-persistent zero ``k_bias``; the projection uses
+      their concatenation, so a timm state dict loads as it is and the result is exact (the k part is a
+      constant zero). Exported, the concatenation folds into one bias constant: MatMul + Add, like a Linear.
+    - ``rope``: the model's constant tables (model/rope.py), passed to every block; q and k are rotated after the
+      projection (and after q/k norm, as in timm's EvaAttention), elementwise.
+    - ``rel_pos_grid``: BEiT's relative position bias (model/relpos.py), added to the scores before Softmax on
+      an explicit path: MatMul(Q·scale, Kᵀ) → Add(bias) → Softmax → MatMul(·, V).
     """
 
     def __init__(
@@ -71,26 +83,53 @@ class Attention(nn.Module):
         attn_drop: float = 0.0,
         qk_norm: bool = False,
         ln_eps: float = 1e-6,
+        qv_bias: bool = False,
+        rel_pos_grid: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias and not qv_bias)
+        self.q_bias: nn.Parameter | None = None
+        self.v_bias: nn.Parameter | None = None
+        if qv_bias:
+            self.q_bias = nn.Parameter(torch.zeros(dim))
+            self.k_bias: torch.Tensor
+            self.register_buffer("k_bias", torch.zeros(dim), persistent=False)
+            self.v_bias = nn.Parameter(torch.zeros(dim))
+        self.relative_position_bias_table: nn.Parameter | None = None
+        self.rel_pos: RelativePositionBias | None = None
+        if rel_pos_grid is not None:
+            self.rel_pos = RelativePositionBias(rel_pos_grid, num_heads)
+            self.relative_position_bias_table = nn.Parameter(torch.zeros(self.rel_pos.num_relative_distance, num_heads))
         # timm's names; absent (None) without qk_norm, so the default model's modules are what they were
         self.q_norm = nn.LayerNorm(self.head_dim, eps=ln_eps) if qk_norm else None
         self.k_norm = nn.LayerNorm(self.head_dim, eps=ln_eps) if qk_norm else None
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, x: torch.Tensor, return_attn: bool = False, rope: Rope | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.q_bias is not None and self.v_bias is not None:
+            qkv = F.linear(x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias)))
+        else:
+            qkv = self.qkv(x)
+        qkv = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
         attn: torch.Tensor | None = None
-        if return_attn:
+        if self.rel_pos is not None and self.relative_position_bias_table is not None:
+            scores = (q * self.scale) @ k.transpose(-2, -1) + self.rel_pos(self.relative_position_bias_table)
+            probs = scores.softmax(dim=-1)
+            attn = probs if return_attn else None
+            x = F.dropout(probs, self.attn_drop, self.training) @ v
+        elif return_attn:
             attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
             x = attn @ v
         else:
@@ -179,14 +218,19 @@ class Block(nn.Module):
         super().__init__()
         d = cfg.embed_dim
         self.norm1 = nn.LayerNorm(d, eps=cfg.ln_eps)
-        self.attn = Attention(d, cfg.num_heads, cfg.qkv_bias, cfg.attn_drop_rate, cfg.qk_norm, cfg.ln_eps)
+        self.attn = Attention(
+            d, cfg.num_heads, cfg.qkv_bias, cfg.attn_drop_rate, cfg.qk_norm, cfg.ln_eps,
+            qv_bias=cfg.qv_bias, rel_pos_grid=cfg.grid_size if cfg.rel_pos_bias else None,
+        )
         self.ls1: nn.Module = LayerScale(d, cfg.init_values) if cfg.init_values else nn.Identity()
         self.norm2 = nn.LayerNorm(d, eps=cfg.ln_eps)
         self.mlp = make_mlp(cfg, d, cfg.hidden_dim)
         self.ls2: nn.Module = LayerScale(d, cfg.init_values) if cfg.init_values else nn.Identity()
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        y, attn = self.attn(self.norm1(x), return_attn)
+    def forward(
+        self, x: torch.Tensor, return_attn: bool = False, rope: Rope | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        y, attn = self.attn(self.norm1(x), return_attn, rope)
         x = x + self.ls1(y)
         x = x + self.ls2(self.mlp(self.norm2(x)))
         return x, attn
@@ -227,7 +271,7 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, d)) if cfg.reg_tokens else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.pos_embed_len, d))
+        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.pos_embed_len, d)) if cfg.abs_pos_embed else None
         self.pos_drop = nn.Dropout(cfg.drop_rate)
         self.norm_pre = nn.LayerNorm(d, eps=cfg.ln_eps) if cfg.pre_norm else None
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
@@ -247,11 +291,21 @@ class VisionTransformer(nn.Module):
         self.head_dist: nn.Module | None = None
         if cfg.distilled:
             self.head_dist = nn.Linear(d, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.rope_sin: torch.Tensor | None
+        self.rope_cos: torch.Tensor | None
+        self.rope_perm: torch.Tensor | None
+        if cfg.rope:  # constant tables for this grid, recomputed at every build (never in a state dict)
+            tables = sequence_tables(cfg, num_prefix=cfg.num_prefix_tokens)
+            for name, t in zip(("rope_sin", "rope_cos", "rope_perm"), tables, strict=True):
+                self.register_buffer(name, t, persistent=False)
+        else:
+            self.rope_sin = self.rope_cos = self.rope_perm = None
         if weight_init != "skip":
             self._init_weights()
 
     def _init_weights(self) -> None:
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.pos_embed is not None:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
         for tok in (self.dist_token, self.reg_token):
@@ -271,6 +325,8 @@ class VisionTransformer(nn.Module):
         """Prefix tokens (class, distillation, registers: timm's order) and the position embeddings, which cover the
         prefix tokens too unless no_embed_class."""
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        if self.pos_embed is None:  # RoPE or relative-bias models: position lives in the attention
+            return torch.cat([*prefix, x], dim=1) if prefix else x
         if self.cfg.no_embed_class:
             x = x + self.pos_embed
             return torch.cat([*prefix, x], dim=1) if prefix else x
@@ -282,9 +338,12 @@ class VisionTransformer(nn.Module):
         x = self.pos_drop(self._pos_embed(self.patch_embed(x)))
         if self.norm_pre is not None:
             x = self.norm_pre(x)
+        rope = None
+        if self.rope_sin is not None and self.rope_cos is not None and self.rope_perm is not None:
+            rope = (self.rope_sin, self.rope_cos, self.rope_perm)
         attns: list[torch.Tensor] = []
         for blk in self.blocks:
-            x, attn = blk(x, return_attn)
+            x, attn = blk(x, return_attn, rope)
             if attn is not None:
                 attns.append(attn)
         return self.norm(x), attns
