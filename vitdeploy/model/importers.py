@@ -488,9 +488,56 @@ def _timm_layout(sd: dict[str, torch.Tensor], where: str) -> dict[str, Any]:
     }
 
 
+def _eva_beit_checkpoint(
+    p: Path,
+    arch: str,
+    entry: dict[str, Any],
+    labels: str | Path | None,
+    loaded: Any = None,
+    model_args: dict[str, Any] | None = None,
+    pcfg: dict[str, Any] | None = None,
+) -> Checkpoint:
+    """A timm Eva/Beit state dict: its arguments from the generated table under the folder's ``model_args``,
+    its names through the one layout filter (model/layouts.py), its preprocessing from the pretrained cfg."""
+    from vitdeploy.model.layouts import rename_eva_beit
+    from vitdeploy.model.timm_eva import eva_beit_config
+
+    model_args = dict(model_args or {})
+    unknown = sorted(set(model_args) - set(entry["args"]))
+    if unknown:
+        raise VitdeployError(f"{p}: model_args {', '.join(unknown)} are not arguments of timm's {entry['class']}")
+    args = {**entry["args"], **model_args}
+    sd, key = read_tensors(p, loaded)
+    state = _float32(rename_eva_beit(sd))
+    cfg = eva_beit_config(entry["class"], args, str(p))
+    pcfg = {**entry.get("pretrained_cfg", {}), **(pcfg or {})}
+    base = {"input_size": list(cfg.image_size), "resize_mode": "shorter", "crop_pct": 0.9, "interpolation": "bicubic",
+            "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "channel_order": "RGB"}
+    pp = _timm_cfg_preprocess(pcfg, base, str(p))
+    if args.get("dynamic_img_size") and not cfg.abs_pos_embed:
+        # timm runs it at whatever size the preprocessing makes, its rotary tables computed for that grid
+        try:
+            cfg = cfg.with_(image_size=tuple(pp["input_size"]))
+        except ValueError as e:
+            raise VitdeployError(f"{p}: {e}") from None
+    if tuple(pp["input_size"]) != tuple(cfg.image_size):
+        raise VitdeployError(f"{p}: the preprocessing's input size {pp['input_size']} differs from the model's {list(cfg.image_size)}")
+    n = int(state["head.weight"].shape[0]) if "head.weight" in state else 0
+    cfg = cfg.with_(num_classes=n)
+    _check_fits(state, cfg, str(p))
+    names = labels_for(labels, n) if labels is not None else [f"class_{i}" for i in range(n)]
+    source = {"format": "timm", "path": str(p.resolve()), "arch": arch, "state_dict_key": key, "timm_class": entry["class"]}
+    return Checkpoint(_manifest(cfg, names, pp, arch, source), state)
+
+
 def load_timm(path: str | Path, arch: str, labels: str | Path | None = None, loaded: Any = None) -> Checkpoint:
     """A timm ViT state dict (plain, or inside a timm training checkpoint) with its timm model name."""
+    from vitdeploy.model.timm_eva import eva_beit_entry
+
     p = Path(path)
+    entry = eva_beit_entry(arch)
+    if entry is not None:
+        return _eva_beit_checkpoint(p, arch, entry, labels, loaded)
     spec = timm_arch(arch)
     sd, key = read_tensors(p, loaded)
     sd = {k: v for k, v in sd.items() if not k.startswith("pre_logits.")}  # unused representation layer of old weights
@@ -558,6 +605,17 @@ def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None,
         pcfg = {k: v for k, v in cfg_json.items() if k != "architecture"}
     tag = pcfg.get("tag")
     model_args = dict(cfg_json.get("model_args") or {})
+    from vitdeploy.model.timm_eva import eva_beit_entry
+
+    entry = eva_beit_entry(arch)
+    if entry is not None:
+        wfile = next((d / n for n in ("model.safetensors", "pytorch_model.bin") if (d / n).is_file()), None)
+        if wfile is None:
+            raise VitdeployError(f"{d}: no model.safetensors or pytorch_model.bin beside config.json")
+        ck = _eva_beit_checkpoint(wfile, arch, entry, labels, model_args=model_args, pcfg=pcfg)
+        _folder_labels(ck.manifest, cfg_json, pcfg, labels)
+        ck.manifest.source = {**ck.manifest.source, "format": "timm-hub", "path": str(d.resolve()), "weights": wfile.name}
+        return ck
     unknown = sorted(set(model_args) - {"img_size", "num_classes", "global_pool"})
     if unknown:
         raise VitdeployError(f"{d}: model_args {', '.join(unknown)} change the timm architecture in ways vitdeploy does not map")
@@ -574,14 +632,19 @@ def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None,
     m.preprocess = _timm_cfg_preprocess(pcfg, m.preprocess, str(d / HF_CONFIG))
     if tuple(m.preprocess["input_size"]) != tuple(m.model["image_size"]):
         raise VitdeployError(f"{d}: pretrained_cfg input_size {m.preprocess['input_size']} differs from the model's {m.model['image_size']}")
+    _folder_labels(m, cfg_json, pcfg, labels)
+    m.source = {**m.source, "format": "timm-hub", "path": str(d.resolve()), "weights": weights.name}
+    return ck
+
+
+def _folder_labels(m: Manifest, cfg_json: dict[str, Any], pcfg: dict[str, Any], labels: str | Path | None) -> None:
+    """The folder's label_names, where no --labels file replaces them and they fit the head."""
     names = cfg_json.get("label_names", pcfg.get("label_names"))
     if labels is None and names:
         if isinstance(names, dict):
             names = [names[k] for k in sorted(names, key=int)]
         if len(names) == m.num_classes:
             m.labels = [str(n) for n in names]
-    m.source = {**m.source, "format": "timm-hub", "path": str(d.resolve()), "weights": weights.name}
-    return ck
 
 
 # --- conversion to a vitdeploy checkpoint ------------------------------------------------------------

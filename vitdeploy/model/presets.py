@@ -44,6 +44,26 @@ class ViTConfig:
     ln_eps: float = 1e-6
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
+    # --- first ring (stand-in until h1-model's lands: the knobs the Eva/Beit models need); defaults change nothing.
+    class_token: bool = True
+    reg_tokens: int = 0
+    init_values: float | None = None  # LayerScale (ls1.gamma, ls2.gamma)
+    mlp: str = "plain"  # "plain" | "swiglu_packed" (timm's GluMlp: fc1 → [gate, x]) | "swiglu" (fc1_g, fc1_x)
+    mlp_norm: bool = False  # LayerNorm before fc2 (timm's scale_mlp / Mlp(norm_layer))
+    # --- second ring (timm's eva.py / beit.py); every default leaves the model, its state dict and its graph as before.
+    # Absolute position embeddings (timm's use_abs_pos_emb): BEiT, DINOv3 and the RoPE ViTs have none.
+    abs_pos_embed: bool = True
+    # q and v biases without a k bias (BEiT/EVA's q_bias, v_bias parameters); replaces qkv_bias.
+    qv_bias: bool = False
+    # Rotary position embeddings (model/rope.py): "" none, "cat" (EVA-02, timm's vit_*_rope_*), "dinov3".
+    rope: str = ""
+    rope_temperature: float = 10000.0
+    rope_ref_grid: tuple[int, int] | None = None  # timm's ref_feat_shape: positions rescaled onto this grid
+    rope_half: bool = False  # rotate-half layout (DINOv3) instead of interleaved pairs (EVA)
+    rope_grid_offset: float = 0.0
+    rope_grid_indexing: str = "ij"
+    # BEiT's relative position bias, one table per block (model/relpos.py).
+    rel_pos_bias: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "image_size", _pair(self.image_size))
@@ -59,28 +79,63 @@ class ViTConfig:
             raise ValueError(f"pool must be 'cls' or 'mean', not {self.pool!r}")
         if self.final_norm not in ("norm", "fc_norm"):
             raise ValueError(f"final_norm must be 'norm' or 'fc_norm', not {self.final_norm!r}")
+        if self.mlp not in ("plain", "swiglu_packed", "swiglu"):
+            raise ValueError(f"mlp must be 'plain', 'swiglu_packed' or 'swiglu', not {self.mlp!r}")
+        if self.pool == "cls" and not self.class_token:
+            raise ValueError("pool 'cls' needs the class token: use pool 'mean' or class_token=True")
+        if self.rel_pos_bias and (not self.class_token or self.reg_tokens):
+            raise ValueError("the relative position bias (BEiT) is laid out for one class token and no registers")
+        if self.rope_ref_grid is not None:
+            object.__setattr__(self, "rope_ref_grid", _pair(self.rope_ref_grid))
+        if self.qv_bias and self.qkv_bias:
+            raise ValueError("qv_bias replaces qkv_bias (no k bias): set qkv_bias=False")
+        if self.rope not in ("", "cat", "dinov3"):
+            raise ValueError(f"rope must be '', 'cat' or 'dinov3', not {self.rope!r}")
+        if self.rope and (self.embed_dim // self.num_heads) % 4:
+            raise ValueError(f"rotary embeddings need a head dim divisible by 4, not {self.embed_dim // self.num_heads}")
+        if self.rope_grid_indexing not in ("ij", "xy"):
+            raise ValueError(f"rope_grid_indexing must be 'ij' or 'xy', not {self.rope_grid_indexing!r}")
 
     @property
     def hidden_dim(self) -> int:
         return self.mlp_dim if self.mlp_dim is not None else int(self.embed_dim * self.mlp_ratio)
 
     @property
+    def num_prefix_tokens(self) -> int:
+        """Class and register tokens before the patch tokens."""
+        return int(self.class_token) + self.reg_tokens
+
+    @property
     def grid_size(self) -> tuple[int, int]:
         return (self.image_size[0] // self.patch_size, self.image_size[1] // self.patch_size)
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields, leaving out the second ring's while they hold their defaults (so a manifest, and the ONNX
+        metadata that carries it, stays byte-identical for every model that has none of them)."""
         d = asdict(self)
         d["image_size"] = list(self.image_size)
+        for k in _RING2_FIELDS:
+            if d[k] == _RING2_DEFAULTS[k]:
+                del d[k]
+        if d.get("rope_ref_grid") is not None:
+            d["rope_ref_grid"] = list(d["rope_ref_grid"])
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
         known = {f for f in cls.__dataclass_fields__}
-        kwargs: dict[str, Any] = {k: (tuple(v) if k == "image_size" else v) for k, v in d.items() if k in known}
+        kwargs: dict[str, Any] = {
+            k: (tuple(v) if k in ("image_size", "rope_ref_grid") and v is not None else v) for k, v in d.items() if k in known
+        }
         return cls(**kwargs)
 
     def with_(self, **changes: Any) -> ViTConfig:
         return replace(self, **changes)
+
+
+_RING2_FIELDS = ("class_token", "reg_tokens", "init_values", "mlp", "mlp_norm", "abs_pos_embed", "qv_bias", "rope", "rope_temperature", "rope_ref_grid", "rope_half", "rope_grid_offset",
+                 "rope_grid_indexing", "rel_pos_bias")
+_RING2_DEFAULTS = {k: ViTConfig.__dataclass_fields__[k].default for k in _RING2_FIELDS}
 
 
 # --- presets -------------------------------------------------------------------------------

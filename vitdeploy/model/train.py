@@ -468,7 +468,7 @@ def _train(
         state = dict(init_state)
         if not same_head:
             state = {k: v for k, v in state.items() if not k.startswith("head.")}
-        if state["pos_embed"].shape != model.pos_embed.shape:
+        if model.pos_embed is not None and state["pos_embed"].shape != model.pos_embed.shape:
             state["pos_embed"] = _resize_pos_embed(state["pos_embed"], cfg)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or any(not k.startswith("head.") for k in missing):

@@ -1,0 +1,145 @@
+"""timm's Eva (eva.py: EVA-02, DINOv3, the SBB ``vit_*_rope_*``) and Beit (beit.py) constructor arguments → ViTConfig.
+
+The arguments come from what timm wrote, never from a model's name: the generated name table (timm's own
+registrations, resolved over the class's defaults: scripts/gen_timm_archs.py) and a folder's ``model_args``.
+Callables are recorded by the generator by name (``norm_layer: {"name": "LayerNorm", "eps": 1e-6}``).
+Anything these classes can do that the ViT cannot is refused with the argument's name.
+
+How timm's choices land on the ViT:
+- ``qkv_bias`` (Eva, Beit): q and v biases with a fixed zero k bias → ``qv_bias`` (exact; model/vit.py Attention);
+  ``qkv_fused=False`` names are renamed onto the fused layout by model/layouts.py.
+- ``use_rot_pos_emb`` with ``rope_type`` 'cat' (EVA-02, SBB) or 'dinov3' → ``rope`` and its grid parameters.
+- ``use_rel_pos_bias`` (Beit) → ``rel_pos_bias``.
+- ``swiglu_mlp``: GluMlp (packed fc1, SiLU gate first) unless ``scale_mlp`` asks for the normed SwiGLU
+  (fc1_g, fc1_x, norm, fc2); ``scale_mlp`` on a plain MLP: LayerNorm before fc2 (timm's Mlp(norm_layer)).
+- ``init_values`` → LayerScale (``gamma_1``/``gamma_2`` renamed to ``ls1.gamma``/``ls2.gamma``).
+- pooling: ``global_pool`` 'avg' (patch tokens only) or 'token'; ``use_fc_norm`` None means "on for avg", and Eva's
+  ``use_post_transformer_norm`` None means "on unless fc_norm" (Beit: norm exactly when no fc_norm).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from vitdeploy.core.errors import VitdeployError
+from vitdeploy.model.presets import ViTConfig
+
+TABLE = Path(__file__).with_name("timm_eva_beit.json")
+
+
+@functools.cache
+def _table() -> dict[str, Any]:
+    models: dict[str, Any] = json.loads(TABLE.read_text())["models"]
+    return models
+
+
+def eva_beit_entry(arch: str) -> dict[str, Any] | None:
+    """The table's row for a timm name (a ``.tag`` ignored): class, args, pretrained_cfg; None when not Eva/Beit."""
+    return _table().get(arch.strip().partition(".")[0])
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, (int, float)) else (int(v[0]), int(v[1]))
+
+
+def _refuse(where: str, what: str) -> VitdeployError:
+    return VitdeployError(f"{where}: a timm model with {what}, which the vitdeploy ViT does not have")
+
+
+def _norm_eps(a: dict[str, Any], where: str) -> float:
+    norm = a.get("norm_layer") or {"name": "LayerNorm", "eps": 1e-6}
+    if not isinstance(norm, dict) or norm.get("name") not in ("LayerNorm", "nn.LayerNorm"):
+        raise _refuse(where, f"norm_layer {norm!r} (vitdeploy has LayerNorm)")
+    return float(norm.get("eps", 1e-6 if norm.get("name") == "LayerNorm" else 1e-5))
+
+
+def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
+    """The ViTConfig of timm's ``Eva`` or ``Beit`` built with ``args`` (its full, resolved constructor arguments)."""
+    a = dict(args)
+    off = {
+        "num_kv_heads": (None, "grouped-query attention (num_kv_heads)"),
+        "scale_attn_inner": (False, "a norm inside attention (scale_attn_inner)"),
+        "attn_type": ("eva", "AttentionRope blocks (attn_type='rope')"),
+        "use_post_norm": (False, "post-norm blocks (use_post_norm)"),
+        "use_pre_transformer_norm": (False, "a pre-norm without patch bias (use_pre_transformer_norm)"),
+        "attn_only_layer_scale": (False, "layer scale on the attention branch only"),
+        "swiglu_align_to": (0, "an aligned SwiGLU width (swiglu_align_to)"),
+        "use_shared_rel_pos_bias": (False, "one shared relative position bias (use_shared_rel_pos_bias)"),
+        "dynamic_img_pad": (False, "dynamic image padding"),
+        "qk_norm": (False, "QK-norm in Eva attention"),
+    }
+    for k, (ok, what) in off.items():
+        if k in a and a[k] not in (ok, None if ok is False else ok):
+            raise _refuse(where, what)
+    pool = a.get("global_pool", "avg")
+    if pool not in ("avg", "token"):
+        raise _refuse(where, f"global_pool {pool!r} (vitdeploy maps 'avg' and 'token' for Eva/Beit)")
+    fc_norm = a.get("use_fc_norm")
+    fc_norm = pool == "avg" if fc_norm is None else bool(fc_norm)
+    post = a.get("use_post_transformer_norm") if cls == "Eva" else None
+    post = (not fc_norm) if post is None else bool(post)
+    if post == fc_norm:
+        raise _refuse(where, "both or neither of the final norm and fc_norm")
+    dim, heads = int(a.get("embed_dim", 768)), int(a.get("num_heads", 12))
+    hidden = int(dim * float(a.get("mlp_ratio", 4.0)))
+    swiglu, scale_mlp = bool(a.get("swiglu_mlp", False)), bool(a.get("scale_mlp", False))
+    mlp = "plain" if not swiglu else ("swiglu" if scale_mlp else "swiglu_packed")
+    init_values = a.get("init_values")
+    if a.get("no_embed_class") and a.get("use_abs_pos_emb", True):
+        raise _refuse(where, "position embeddings that skip the prefix tokens (no_embed_class)")
+    ring1: dict[str, Any] = {
+        "class_token": bool(a.get("class_token", True)),
+        "reg_tokens": int(a.get("num_reg_tokens", 0) or 0),
+        "init_values": float(init_values) if init_values else None,  # Beit: `if init_values:`; Eva: not None
+        "pool": "mean" if pool == "avg" else "cls",
+        "final_norm": "fc_norm" if fc_norm else "norm",
+        "mlp": mlp,
+        "mlp_norm": scale_mlp,
+    }
+    if cls == "Eva" and init_values is not None and not init_values:
+        raise _refuse(where, "layer scale initialised to 0 (init_values=0)")
+    ring2: dict[str, Any] = {
+        "abs_pos_embed": bool(a.get("use_abs_pos_emb", True)),
+        "qv_bias": bool(a.get("qkv_bias", True)),
+        "qkv_bias": False,
+    }
+    if cls == "Eva" and a.get("use_rot_pos_emb"):
+        rtype = a.get("rope_type", "cat")
+        if rtype not in ("cat", "dinov3"):
+            raise _refuse(where, f"rope_type {rtype!r} (vitdeploy computes 'cat' and 'dinov3')")
+        ref = a.get("ref_feat_shape")
+        ring2.update(
+            rope=rtype,
+            rope_temperature=float(a.get("rope_temperature", 10000.0)),
+            rope_ref_grid=_pair(ref) if ref is not None and rtype == "cat" else None,
+            rope_half=bool(a.get("rope_rotate_half", False)),
+            rope_grid_offset=float(a.get("rope_grid_offset", 0.0)),
+            rope_grid_indexing=str(a.get("rope_grid_indexing", "ij")),
+        )
+    if cls == "Beit":
+        ring2["rel_pos_bias"] = bool(a.get("use_rel_pos_bias", False))
+    elif cls != "Eva":
+        raise VitdeployError(f"{where}: timm class {cls!r} is not Eva or Beit")
+    fields = ViTConfig.__dataclass_fields__
+    missing = [k for k in ring1 if k not in fields]
+    if missing:
+        raise VitdeployError(f"{where}: this vitdeploy has no {', '.join(missing)} yet (the ViT's first ring)")
+    try:
+        return ViTConfig(
+            image_size=_pair(a.get("img_size", 224)),
+            patch_size=int(_pair(a.get("patch_size", 16))[0]),
+            in_chans=int(a.get("in_chans", 3)),
+            num_classes=int(a.get("num_classes", 1000)),
+            embed_dim=dim,
+            depth=int(a.get("depth", 12)),
+            num_heads=heads,
+            mlp_dim=hidden,
+            ln_eps=_norm_eps(a, where),
+            **ring1,
+            **ring2,
+        )
+    except ValueError as e:
+        raise VitdeployError(f"{where}: {e}") from None
