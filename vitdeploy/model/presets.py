@@ -64,6 +64,10 @@ class ViTConfig:
     rope_grid_indexing: str = "ij"
     # BEiT's relative position bias, one table per block (model/relpos.py).
     rel_pos_bias: bool = False
+    # --- first-ring knobs the Hugging Face families need (h3 stand-in until h1-model's land; same names as h1's brief).
+    act: str = "gelu"  # "gelu" (erf) | "quick_gelu" (CLIP) | "gelu_tanh" (SigLIP) | "silu"
+    pre_norm: bool = False  # LayerNorm on the embedded tokens before the blocks (CLIP's pre_layrnorm; timm's norm_pre)
+    distilled: bool = False  # DeiT's distillation token after the class token, and head_dist; eval = mean of both heads
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "image_size", _pair(self.image_size))
@@ -75,10 +79,16 @@ class ViTConfig:
             )
         if self.embed_dim % self.num_heads:
             raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
-        if self.pool not in ("cls", "mean"):
-            raise ValueError(f"pool must be 'cls' or 'mean', not {self.pool!r}")
-        if self.final_norm not in ("norm", "fc_norm"):
-            raise ValueError(f"final_norm must be 'norm' or 'fc_norm', not {self.final_norm!r}")
+        if self.pool not in ("cls", "mean", "token_avg"):
+            raise ValueError(f"pool must be 'cls', 'mean' or 'token_avg', not {self.pool!r}")
+        if self.final_norm not in ("norm", "fc_norm", "none"):
+            raise ValueError(f"final_norm must be 'norm', 'fc_norm' or 'none', not {self.final_norm!r}")
+        if self.act not in ("gelu", "quick_gelu", "gelu_tanh", "silu"):
+            raise ValueError(f"act must be 'gelu', 'quick_gelu', 'gelu_tanh' or 'silu', not {self.act!r}")
+        if self.distilled and (not self.class_token or self.pool != "cls"):
+            raise ValueError("a distilled model pools its class and distillation tokens: class_token=True, pool 'cls'")
+        if self.pool == "token_avg" and not self.class_token:
+            raise ValueError("pool 'token_avg' concatenates the class token with the patch mean: class_token=True")
         if self.mlp not in ("plain", "swiglu_packed", "swiglu"):
             raise ValueError(f"mlp must be 'plain', 'swiglu_packed' or 'swiglu', not {self.mlp!r}")
         if self.pool == "cls" and not self.class_token:
@@ -102,8 +112,8 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Class and register tokens before the patch tokens."""
-        return int(self.class_token) + self.reg_tokens
+        """Class, distillation and register tokens before the patch tokens."""
+        return int(self.class_token) + int(self.distilled) + self.reg_tokens
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -134,7 +144,7 @@ class ViTConfig:
 
 
 _RING2_FIELDS = ("class_token", "reg_tokens", "init_values", "mlp", "mlp_norm", "abs_pos_embed", "qv_bias", "rope", "rope_temperature", "rope_ref_grid", "rope_half", "rope_grid_offset",
-                 "rope_grid_indexing", "rel_pos_bias")
+                 "rope_grid_indexing", "rel_pos_bias", "act", "pre_norm", "distilled")
 _RING2_DEFAULTS = {k: ViTConfig.__dataclass_fields__[k].default for k in _RING2_FIELDS}
 
 

@@ -110,13 +110,33 @@ class Attention(nn.Module):
         return self.proj(x), attn
 
 
+class QuickGELU(nn.Module):
+    """x·sigmoid(1.702x): OpenAI CLIP's activation (timm's QuickGELU, transformers' quick_gelu)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+def make_act(name: str) -> nn.Module:
+    """The MLP's activation by ViTConfig.act; "gelu" is the exact (erf) GELU every default model has."""
+    if name == "quick_gelu":
+        return QuickGELU()
+    if name == "gelu_tanh":
+        return nn.GELU(approximate="tanh")
+    if name == "silu":
+        return nn.SiLU()
+    return nn.GELU()
+
+
 class Mlp(nn.Module):
     """fc1 → act → (norm) → fc2: timm's Mlp; ``norm`` is EVA's scale_mlp inner LayerNorm (off by default)."""
 
-    def __init__(self, in_features: int, hidden_features: int, drop: float = 0.0, norm_eps: float | None = None) -> None:
+    def __init__(
+        self, in_features: int, hidden_features: int, drop: float = 0.0, norm_eps: float | None = None, act: str = "gelu"
+    ) -> None:
         super().__init__()
         self.fc1 = nn.Linear(in_features, hidden_features)
-        self.act = nn.GELU()
+        self.act = make_act(act)
         if norm_eps is not None:
             self.norm = nn.LayerNorm(hidden_features, eps=norm_eps)
         self.fc2 = nn.Linear(hidden_features, in_features)
@@ -183,7 +203,7 @@ class Block(nn.Module):
         norm_eps = cfg.ln_eps if cfg.mlp_norm else None
         self.mlp: nn.Module
         if cfg.mlp == "plain":
-            self.mlp = Mlp(cfg.embed_dim, cfg.hidden_dim, cfg.drop_rate, norm_eps)
+            self.mlp = Mlp(cfg.embed_dim, cfg.hidden_dim, cfg.drop_rate, norm_eps, cfg.act)
         else:
             self.mlp = SwiGLU(cfg.embed_dim, cfg.hidden_dim, cfg.mlp == "swiglu_packed", cfg.drop_rate, norm_eps)
         self.ls1 = LayerScale(cfg.embed_dim, cfg.init_values) if cfg.init_values is not None else None
@@ -224,16 +244,24 @@ class VisionTransformer(nn.Module):
         self.patch_embed = PatchEmbed(cfg)
         npt = cfg.num_prefix_tokens
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, cfg.embed_dim)) if cfg.reg_tokens else None
         self.pos_embed = nn.Parameter(torch.zeros(1, gh * gw + npt, cfg.embed_dim)) if cfg.abs_pos_embed else None
         self.pos_drop = nn.Dropout(cfg.drop_rate)
+        if cfg.pre_norm:  # only where asked, so other models' state dicts keep their names
+            self.norm_pre = nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
         # Same parameter names as timm: fc_norm only exists (and norm is an Identity) for fc_norm models,
         # so the default model, its state dict and its exported graph are unchanged.
         fc = cfg.final_norm == "fc_norm"
-        self.norm = nn.Identity() if fc else nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps)
+        # final_norm "none": no LayerNorm at all (transformers' CLIPForImageClassification pools the un-normed states).
+        self.norm = nn.Identity() if fc or cfg.final_norm == "none" else nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps)
         self.fc_norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps) if fc else None
-        self.head = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        head_in = cfg.embed_dim * (2 if cfg.pool == "token_avg" else 1)  # token_avg: [class token, patch mean]
+        self.head = nn.Linear(head_in, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.head_dist: nn.Module | None = None
+        if cfg.distilled:
+            self.head_dist = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self.rope_sin: torch.Tensor | None
         self.rope_cos: torch.Tensor | None
         self.rope_perm: torch.Tensor | None
@@ -250,8 +278,9 @@ class VisionTransformer(nn.Module):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
-        if self.reg_token is not None:
-            nn.init.normal_(self.reg_token, std=1e-6)
+        for t in (self.reg_token, self.dist_token):
+            if t is not None:
+                nn.init.normal_(t, std=1e-6)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -262,9 +291,11 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
         x = self.patch_embed(x)
-        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         x = torch.cat([*prefix, x], dim=1) if prefix else x
         x = self.pos_drop(x + self.pos_embed if self.pos_embed is not None else x)
+        if self.cfg.pre_norm:
+            x = self.norm_pre(x)
         rope = None
         if self.rope_sin is not None and self.rope_cos is not None and self.rope_perm is not None:
             rope = (self.rope_sin, self.rope_cos, self.rope_perm)
@@ -276,7 +307,13 @@ class VisionTransformer(nn.Module):
         return self.norm(x), attns
 
     def forward_head(self, x: torch.Tensor) -> torch.Tensor:
-        x = x[:, self.cfg.num_prefix_tokens :].mean(dim=1) if self.cfg.pool == "mean" else x[:, 0]
+        if self.head_dist is not None:  # DeiT distilled, eval: the mean of the class head and the distillation head
+            return (self.head(x[:, 0]) + self.head_dist(x[:, 1])) / 2
+        pool = self.cfg.pool
+        if pool == "token_avg":  # transformers' Dinov2ForImageClassification: [class token, mean of patch tokens]
+            x = torch.cat([x[:, 0], x[:, self.cfg.num_prefix_tokens :].mean(dim=1)], dim=-1)
+        else:
+            x = x[:, self.cfg.num_prefix_tokens :].mean(dim=1) if pool == "mean" else x[:, 0]
         if self.fc_norm is not None:
             x = self.fc_norm(x)
         return self.head(x)
