@@ -52,6 +52,9 @@ class Preprocess:
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
     channel_order: str = "RGB"
     rescale: float = 1.0 / 255.0
+    # Where the center crop starts when the margin is odd: "round" (torchvision's and timm's int(round(m / 2)),
+    # half to even) or "floor" (transformers' center_crop: m // 2). Left out of to_dict at its default.
+    crop_offset: str = "round"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input_size", tuple(int(v) for v in self.input_size))
@@ -61,6 +64,8 @@ class Preprocess:
             raise ValueError(f"resize_mode must be 'shorter' or 'squash', not {self.resize_mode!r}")
         if self.interpolation not in _INTERP:
             raise ValueError(f"interpolation must be one of {', '.join(_INTERP)}, not {self.interpolation!r}")
+        if self.crop_offset not in ("round", "floor"):
+            raise ValueError(f"crop_offset must be 'round' or 'floor', not {self.crop_offset!r}")
         if self.channel_order not in ("RGB", "BGR"):
             raise ValueError(f"channel_order must be RGB or BGR, not {self.channel_order!r}")
 
@@ -73,6 +78,8 @@ class Preprocess:
         d = asdict(self)
         for k in ("input_size", "mean", "std"):
             d[k] = list(d[k])
+        if d["crop_offset"] == "round":  # manifests of every earlier model stay byte-identical
+            del d["crop_offset"]
         return d
 
     @property
@@ -152,8 +159,10 @@ def resize_crop(img: Image.Image, pp: Preprocess) -> Image.Image:
         nw, nh = max(rw, round(iw * scale)), max(rh, round(ih * scale))
     if (nw, nh) != (iw, ih):
         img = img.resize((nw, nh), interp)
-    top = int(round((nh - h) / 2.0))
-    left = int(round((nw - w) / 2.0))
+    if pp.crop_offset == "floor":
+        top, left = (nh - h) // 2, (nw - w) // 2
+    else:
+        top, left = int(round((nh - h) / 2.0)), int(round((nw - w) / 2.0))
     if nh < h or nw < w:  # only for extreme aspect ratios with crop_pct > 1
         img = img.resize((max(nw, w), max(nh, h)), interp)
         top, left = max(top, 0), max(left, 0)
