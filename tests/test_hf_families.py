@@ -174,9 +174,9 @@ def test_hf_features_read_from_the_config_and_tensors(hf_family_dirs: dict[str, 
     assert m["dinov2"]["pool"] == "token_avg" and m["dinov2"]["image_size"] == [224, 224]
     assert m["dinov2_reg"]["reg_tokens"] == 4 and m["dinov2_reg"]["init_values"] is not None
     assert m["beit"]["rel_pos_bias"] and m["beit"]["qv_bias"] and not m["beit"].get("abs_pos_embed", True)
-    assert m["beit"]["final_norm"] == "fc_norm" and m["data2vec_vision"]["rel_pos_bias"]
+    assert m["beit"]["final_norm"] == "fc_norm" and m["beit"]["pool"] == "mean" and m["data2vec_vision"]["rel_pos_bias"]
     assert m["siglip"]["class_token"] is False and m["siglip"]["act"] == "gelu_tanh"
-    assert m["clip"]["pre_norm"] and m["clip"]["final_norm"] == "none" and m["clip"]["act"] == "quick_gelu"
+    assert m["clip"]["pre_norm"] and m["clip"]["final_norm"] == "none" and m["clip"]["pool"] == "mean" and m["clip"]["act"] == "quick_gelu"
 
 
 def _copy(src: Path, dest: Path) -> Path:

@@ -156,7 +156,7 @@ def hf_architecture(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], where
     # the (class) token as a [1, 1, D] parameter; CLIP stores a [D] vector, SigLIP none
     if "cls_token" in st:
         st["cls_token"] = st["cls_token"].reshape(1, 1, dim)
-    if "patch_embed.proj.bias" not in st:  # CLIP's convolution has no bias: a zero bias is the same function
+    if "patch_embed.proj.bias" not in st and "norm_pre.weight" not in st:  # the ViT has a bias-free one for pre-norm only
         st["patch_embed.proj.bias"] = torch.zeros(dim)
     pre = int("cls_token" in st) + int("dist_token" in st)
     distilled = "dist_token" in st and "head_dist.weight" in st
@@ -222,14 +222,13 @@ def hf_architecture(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], where
         "init_values": 1.0 if has_ls else None,
     }
     if head_in == 2 * dim:
-        fields["pool"] = "token_avg"
+        fields["global_pool"] = "token_avg"
     elif "fc_norm.weight" in st:  # BEiT's use_mean_pooling: LayerNorm of the mean of the patch tokens
-        fields.update(pool="mean", final_norm="fc_norm")
-        st.pop("norm.weight", None), st.pop("norm.bias", None)
+        fields.update(global_pool="avg", fc_norm=True)
     elif not fields["class_token"]:  # SigLIP: mean over every token after post_layernorm
-        fields["pool"] = "mean"
+        fields.update(global_pool="avg", fc_norm=False)
     elif fields["pre_norm"]:  # CLIP: the mean of the patch tokens before post_layernorm (which the logits skip)
-        fields.update(pool="mean", final_norm="none")
+        fields.update(global_pool="avg", final_norm=False)
         st.pop("norm.weight", None), st.pop("norm.bias", None)
     return fields, st
 

@@ -457,9 +457,9 @@ def _eva_beit_checkpoint(
     if unknown:
         raise VitdeployError(f"{p}: model_args {', '.join(unknown)} are not arguments of timm's {entry['class']}")
     args = {**entry["args"], **model_args}
+    cfg = eva_beit_config(entry["class"], args, arch)  # an architecture vitdeploy cannot hold: said before reading
     sd, key = read_tensors(p, loaded)
     state = _float32(rename_eva_beit(sd))
-    cfg = eva_beit_config(entry["class"], args, str(p))
     pcfg = {**entry.get("pretrained_cfg", {}), **(pcfg or {})}
     base = {"input_size": list(cfg.image_size), "resize_mode": "shorter", "crop_pct": 0.9, "interpolation": "bicubic",
             "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "channel_order": "RGB"}

@@ -23,9 +23,50 @@ def _pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     return (int(h), int(w))
 
 
+# Vocabularies of the config's string knobs (timm's names).
+GLOBAL_POOLS = ("token", "avg", "map", "token_avg")
+ACTS = ("gelu", "quick_gelu", "gelu_tanh", "silu")
+MLPS = ("mlp", "swiglu_packed", "swiglu")
+# The manifest's keys before the timm knobs: "pool" (cls | mean) and "final_norm" (norm | fc_norm). to_dict still
+# writes both (so every manifest written before reads the same), with the new values map | token_avg and none.
+_LEGACY_POOL = {"cls": "token", "mean": "avg"}
+_POOL_LEGACY = {v: k for k, v in _LEGACY_POOL.items()}
+_FINAL_NORMS = ("norm", "fc_norm", "none")
+
+
+def _legacy_head(changes: dict[str, Any], global_pool: str, use_fc: bool) -> dict[str, Any]:
+    """``pool``/``final_norm`` (the manifest's names) in ``changes`` → global_pool, fc_norm and final_norm.
+
+    ``global_pool``: the pooling the changes lead to; ``use_fc``: where the final norm is now (a change of pool alone
+    keeps it there, as the old ``pool`` option did).
+    """
+    out = dict(changes)
+    if "pool" in out:
+        pool = out.pop("pool")
+        if _LEGACY_POOL.get(pool, pool) not in GLOBAL_POOLS:
+            raise ValueError(f"pool must be 'cls' or 'mean' (or one of {', '.join(GLOBAL_POOLS)}), not {pool!r}")
+        out.setdefault("global_pool", global_pool)
+    fn = out.get("final_norm")
+    if isinstance(fn, str):
+        if fn not in _FINAL_NORMS:
+            raise ValueError(f"final_norm must be one of {', '.join(_FINAL_NORMS)}, not {fn!r}")
+        out["final_norm"] = fn != "none"
+        use_fc = fn == "fc_norm"
+    elif "fc_norm" in out or "final_norm" in out or "global_pool" not in out:
+        return out
+    # timm's rule: fc_norm=None means "after the pooling when global_pool is avg"; keep None where it agrees
+    out.setdefault("fc_norm", None if use_fc == (global_pool == "avg") else use_fc)
+    return out
+
+
 @dataclass(frozen=True)
 class ViTConfig:
-    """Architecture of a ViT; every field has a default so presets stay short."""
+    """Architecture of a ViT; every field has a default so presets stay short.
+
+    The knobs carry timm's names (timm/models/vision_transformer.py ``VisionTransformer``), so one class covers the
+    plain ViT, DeiT (distilled, III), DINOv2 (registers), CLIP, SigLIP and the gap variants. Every default leaves the
+    model, its state dict and its exported graph as they were before the knob existed.
+    """
 
     image_size: tuple[int, int] = (224, 224)
     patch_size: int = 16
@@ -37,20 +78,29 @@ class ViTConfig:
     mlp_ratio: float = 4.0
     mlp_dim: int | None = None
     qkv_bias: bool = True
-    pool: str = "cls"  # "cls" or "mean"
-    # "norm": LayerNorm over all tokens before pooling (timm's default); "fc_norm": LayerNorm after
-    # pooling (timm's global_pool="avg" models, whose weights name it fc_norm).
-    final_norm: str = "norm"
+    # head: "token" (class token), "avg" (mean of the tokens), "map" (attention pooling, timm's attn_pool),
+    # "token_avg" (concat(class token, mean of patch tokens) -> Linear(2*dim): transformers' Dinov2ForImageClassification)
+    global_pool: str = "token"
+    # LayerNorm after the pooling instead of over all tokens before it; None: timm's rule (after, when global_pool avg)
+    fc_norm: bool | None = None
+    final_norm: bool = True  # False: no norm after the blocks at all (HF CLIPForImageClassification)
     ln_eps: float = 1e-6
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
-    # --- first ring (stand-in until h1-model's lands: the knobs the Eva/Beit models need); defaults change nothing.
+    # --- ring 1: tokens and embeddings ---
     class_token: bool = True
-    reg_tokens: int = 0
-    init_values: float | None = None  # LayerScale (ls1.gamma, ls2.gamma)
-    mlp: str = "plain"  # "plain" | "swiglu_packed" (timm's GluMlp: fc1 → [gate, x]) | "swiglu" (fc1_g, fc1_x)
-    mlp_norm: bool = False  # LayerNorm before fc2 (timm's scale_mlp / Mlp(norm_layer))
-    # --- second ring (timm's eva.py / beit.py); every default leaves the model, its state dict and its graph as before.
+    reg_tokens: int = 0  # DINOv2 registers (reg_token), after the class token
+    no_embed_class: bool = False  # position embeddings for the patch tokens only (DeiT III, DINOv2 reg, SigLIP)
+    pre_norm: bool = False  # LayerNorm before the blocks (CLIP's norm_pre); the patch embedding then has no bias
+    distilled: bool = False  # DeiT's dist_token and head_dist; eval logits = mean of the two heads
+    pool_include_prefix: bool = False  # avg/map over all tokens, not the patch tokens only
+    # --- ring 1: blocks ---
+    init_values: float | None = None  # LayerScale (blocks.i.ls1.gamma, ls2.gamma)
+    qk_norm: bool = False  # LayerNorm over each head's q and k (attn.q_norm, attn.k_norm)
+    act: str = "gelu"
+    mlp: str = "mlp"  # "swiglu_packed": timm's SwiGLUPacked (fc1 -> chunk); "swiglu": timm's SwiGLU (fc1_g, fc1_x)
+    mlp_norm: bool = False  # LayerNorm inside the MLP before fc2 (timm's scale_mlp_norm; mlp.norm)
+    # --- ring 2 (timm's eva.py / beit.py) ---
     # Absolute position embeddings (timm's use_abs_pos_emb): BEiT, DINOv3 and the RoPE ViTs have none.
     abs_pos_embed: bool = True
     # q and v biases without a k bias (BEiT/EVA's q_bias, v_bias parameters); replaces qkv_bias.
@@ -64,10 +114,6 @@ class ViTConfig:
     rope_grid_indexing: str = "ij"
     # BEiT's relative position bias, one table per block (model/relpos.py).
     rel_pos_bias: bool = False
-    # --- first-ring knobs the Hugging Face families need (h3 stand-in until h1-model's land; same names as h1's brief).
-    act: str = "gelu"  # "gelu" (erf) | "quick_gelu" (CLIP) | "gelu_tanh" (SigLIP) | "silu"
-    pre_norm: bool = False  # LayerNorm on the embedded tokens before the blocks (CLIP's pre_layrnorm; timm's norm_pre)
-    distilled: bool = False  # DeiT's distillation token after the class token, and head_dist; eval = mean of both heads
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "image_size", _pair(self.image_size))
@@ -79,22 +125,24 @@ class ViTConfig:
             )
         if self.embed_dim % self.num_heads:
             raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
-        if self.pool not in ("cls", "mean", "token_avg"):
-            raise ValueError(f"pool must be 'cls', 'mean' or 'token_avg', not {self.pool!r}")
-        if self.final_norm not in ("norm", "fc_norm", "none"):
-            raise ValueError(f"final_norm must be 'norm', 'fc_norm' or 'none', not {self.final_norm!r}")
-        if self.act not in ("gelu", "quick_gelu", "gelu_tanh", "silu"):
-            raise ValueError(f"act must be 'gelu', 'quick_gelu', 'gelu_tanh' or 'silu', not {self.act!r}")
-        if self.distilled and (not self.class_token or self.pool != "cls"):
-            raise ValueError("a distilled model pools its class and distillation tokens: class_token=True, pool 'cls'")
-        if self.pool == "token_avg" and not self.class_token:
-            raise ValueError("pool 'token_avg' concatenates the class token with the patch mean: class_token=True")
-        if self.mlp not in ("plain", "swiglu_packed", "swiglu"):
-            raise ValueError(f"mlp must be 'plain', 'swiglu_packed' or 'swiglu', not {self.mlp!r}")
-        if self.pool == "cls" and not self.class_token:
-            raise ValueError("pool 'cls' needs the class token: use pool 'mean' or class_token=True")
-        if self.rel_pos_bias and (not self.class_token or self.reg_tokens):
-            raise ValueError("the relative position bias (BEiT) is laid out for one class token and no registers")
+        if self.global_pool not in GLOBAL_POOLS:
+            raise ValueError(f"global_pool must be one of {', '.join(GLOBAL_POOLS)}, not {self.global_pool!r}")
+        if not isinstance(self.final_norm, bool):
+            raise ValueError(f"final_norm must be one of {', '.join(_FINAL_NORMS)}, not {self.final_norm!r}")
+        if not self.final_norm:
+            object.__setattr__(self, "fc_norm", None)  # no final norm: where it would go does not matter
+        if self.global_pool in ("token", "token_avg") and not self.class_token:
+            raise ValueError(f"global_pool {self.global_pool!r} needs the class token (class_token=True)")
+        if self.distilled and (not self.class_token or self.global_pool != "token"):
+            raise ValueError("a distilled ViT pools its class and distillation tokens: class_token=True, global_pool='token'")
+        if self.reg_tokens < 0:
+            raise ValueError(f"reg_tokens must be >= 0, not {self.reg_tokens}")
+        if self.init_values is not None and not self.init_values > 0:
+            raise ValueError(f"init_values (LayerScale) must be > 0 or None, not {self.init_values}")
+        if self.act not in ACTS:
+            raise ValueError(f"act must be one of {', '.join(ACTS)}, not {self.act!r}")
+        if self.mlp not in MLPS:
+            raise ValueError(f"mlp must be one of {', '.join(MLPS)}, not {self.mlp!r}")
         if self.rope_ref_grid is not None:
             object.__setattr__(self, "rope_ref_grid", _pair(self.rope_ref_grid))
         if self.qv_bias and self.qkv_bias:
@@ -105,47 +153,79 @@ class ViTConfig:
             raise ValueError(f"rotary embeddings need a head dim divisible by 4, not {self.embed_dim // self.num_heads}")
         if self.rope_grid_indexing not in ("ij", "xy"):
             raise ValueError(f"rope_grid_indexing must be 'ij' or 'xy', not {self.rope_grid_indexing!r}")
+        if self.rel_pos_bias and (self.num_prefix_tokens != 1 or not self.class_token):
+            raise ValueError("the relative position bias (BEiT) is laid out for one class token and no other prefix")
+        if self.mlp == "swiglu_packed" and self.hidden_dim % 2:
+            raise ValueError(f"mlp 'swiglu_packed' splits fc1 in two halves: its width {self.hidden_dim} must be even")
 
     @property
     def hidden_dim(self) -> int:
         return self.mlp_dim if self.mlp_dim is not None else int(self.embed_dim * self.mlp_ratio)
 
     @property
-    def num_prefix_tokens(self) -> int:
-        """Class, distillation and register tokens before the patch tokens."""
-        return int(self.class_token) + int(self.distilled) + self.reg_tokens
-
-    @property
     def grid_size(self) -> tuple[int, int]:
         return (self.image_size[0] // self.patch_size, self.image_size[1] // self.patch_size)
 
+    @property
+    def use_fc_norm(self) -> bool:
+        """timm's rule: the final LayerNorm goes after the pooling when fc_norm says so, or (None) for avg pooling."""
+        return self.final_norm and (self.global_pool == "avg" if self.fc_norm is None else self.fc_norm)
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patch tokens: class, distillation, then registers (timm's order)."""
+        return int(self.class_token) + int(self.distilled) + self.reg_tokens
+
+    @property
+    def seq_len(self) -> int:
+        gh, gw = self.grid_size
+        return self.num_prefix_tokens + gh * gw
+
+    @property
+    def pos_embed_len(self) -> int:
+        gh, gw = self.grid_size
+        return gh * gw + (0 if self.no_embed_class else self.num_prefix_tokens)
+
     def to_dict(self) -> dict[str, Any]:
-        """The fields, leaving out the second ring's while they hold their defaults (so a manifest, and the ONNX
-        metadata that carries it, stays byte-identical for every model that has none of them)."""
+        """The manifest's "model": every field before the timm knobs always (pool/final_norm in their old names and
+        places), each newer field only where it is not the default, so a default model's manifest is unchanged."""
         d = asdict(self)
         d["image_size"] = list(self.image_size)
-        for k in _RING2_FIELDS:
-            if d[k] == _RING2_DEFAULTS[k]:
-                del d[k]
-        if d.get("rope_ref_grid") is not None:
-            d["rope_ref_grid"] = list(d["rope_ref_grid"])
-        return d
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            if k == "global_pool":
+                out["pool"] = _POOL_LEGACY.get(v, v)
+            elif k == "fc_norm":
+                continue
+            elif k == "final_norm":
+                out["final_norm"] = ("fc_norm" if self.use_fc_norm else "norm") if v else "none"
+            elif k in _NEW_FIELDS:
+                if v != _DEFAULTS[k]:
+                    out[k] = v
+            else:
+                out[k] = v
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
-        known = {f for f in cls.__dataclass_fields__}
-        kwargs: dict[str, Any] = {
-            k: (tuple(v) if k in ("image_size", "rope_ref_grid") and v is not None else v) for k, v in d.items() if k in known
-        }
-        return cls(**kwargs)
+        """Any manifest's "model" (with the old pool/final_norm names, or timm's); unknown keys are ignored."""
+        known = {f for f in cls.__dataclass_fields__} | {"pool"}
+        kwargs: dict[str, Any] = {k: (tuple(v) if k == "image_size" else v) for k, v in d.items() if k in known}
+        pool = kwargs.get("pool", "cls")
+        gp = kwargs.get("global_pool", _LEGACY_POOL.get(pool, pool))
+        return cls(**_legacy_head(kwargs, gp, use_fc=False))
 
     def with_(self, **changes: Any) -> ViTConfig:
-        return replace(self, **changes)
+        """A copy with ``changes``; the manifest's names ``pool`` (cls | mean) and ``final_norm`` (norm | fc_norm |
+        none) are accepted too."""
+        pool = changes.get("pool", self.global_pool)
+        gp = changes.get("global_pool", _LEGACY_POOL.get(pool, pool))
+        return replace(self, **_legacy_head(changes, gp, self.use_fc_norm))
 
 
-_RING2_FIELDS = ("class_token", "reg_tokens", "init_values", "mlp", "mlp_norm", "abs_pos_embed", "qv_bias", "rope", "rope_temperature", "rope_ref_grid", "rope_half", "rope_grid_offset",
-                 "rope_grid_indexing", "rel_pos_bias", "act", "pre_norm", "distilled")
-_RING2_DEFAULTS = {k: ViTConfig.__dataclass_fields__[k].default for k in _RING2_FIELDS}
+_DEFAULTS: dict[str, Any] = {k: f.default for k, f in ViTConfig.__dataclass_fields__.items()}
+# The fields added with the timm knobs: to_dict writes them only where they differ from the default.
+_NEW_FIELDS = frozenset(list(_DEFAULTS)[list(_DEFAULTS).index("class_token") :])
 
 
 # --- presets -------------------------------------------------------------------------------

@@ -81,12 +81,12 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
     fc_norm = pool == "avg" if fc_norm is None else bool(fc_norm)
     post = a.get("use_post_transformer_norm") if cls == "Eva" else None
     post = (not fc_norm) if post is None else bool(post)
-    if post == fc_norm:
-        raise _refuse(where, "both or neither of the final norm and fc_norm")
+    if post and fc_norm:
+        raise _refuse(where, "a final norm both before and after the pooling")
     dim, heads = int(a.get("embed_dim", 768)), int(a.get("num_heads", 12))
     hidden = int(dim * float(a.get("mlp_ratio", 4.0)))
     swiglu, scale_mlp = bool(a.get("swiglu_mlp", False)), bool(a.get("scale_mlp", False))
-    mlp = "plain" if not swiglu else ("swiglu" if scale_mlp else "swiglu_packed")
+    mlp = "mlp" if not swiglu else ("swiglu" if scale_mlp else "swiglu_packed")
     init_values = a.get("init_values")
     if a.get("no_embed_class") and a.get("use_abs_pos_emb", True):
         raise _refuse(where, "position embeddings that skip the prefix tokens (no_embed_class)")
@@ -94,8 +94,9 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
         "class_token": bool(a.get("class_token", True)),
         "reg_tokens": int(a.get("num_reg_tokens", 0) or 0),
         "init_values": float(init_values) if init_values else None,  # Beit: `if init_values:`; Eva: not None
-        "pool": "mean" if pool == "avg" else "cls",
-        "final_norm": "fc_norm" if fc_norm else "norm",
+        "global_pool": pool,
+        "fc_norm": fc_norm,
+        "final_norm": post or fc_norm,
         "mlp": mlp,
         "mlp_norm": scale_mlp,
     }

@@ -202,7 +202,7 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps)
         norm_eps = cfg.ln_eps if cfg.mlp_norm else None
         self.mlp: nn.Module
-        if cfg.mlp == "plain":
+        if cfg.mlp == "mlp":
             self.mlp = Mlp(cfg.embed_dim, cfg.hidden_dim, cfg.drop_rate, norm_eps, cfg.act)
         else:
             self.mlp = SwiGLU(cfg.embed_dim, cfg.hidden_dim, cfg.mlp == "swiglu_packed", cfg.drop_rate, norm_eps)
@@ -224,7 +224,8 @@ class PatchEmbed(nn.Module):
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
-        self.proj = nn.Conv2d(cfg.in_chans, cfg.embed_dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        # timm: no bias where a pre-norm follows (CLIP)
+        self.proj = nn.Conv2d(cfg.in_chans, cfg.embed_dim, kernel_size=cfg.patch_size, stride=cfg.patch_size, bias=not cfg.pre_norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(x).flatten(2).transpose(1, 2)
@@ -246,18 +247,18 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, cfg.embed_dim)) if cfg.reg_tokens else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, gh * gw + npt, cfg.embed_dim)) if cfg.abs_pos_embed else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.pos_embed_len, cfg.embed_dim)) if cfg.abs_pos_embed else None
         self.pos_drop = nn.Dropout(cfg.drop_rate)
         if cfg.pre_norm:  # only where asked, so other models' state dicts keep their names
             self.norm_pre = nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
         # Same parameter names as timm: fc_norm only exists (and norm is an Identity) for fc_norm models,
         # so the default model, its state dict and its exported graph are unchanged.
-        fc = cfg.final_norm == "fc_norm"
-        # final_norm "none": no LayerNorm at all (transformers' CLIPForImageClassification pools the un-normed states).
-        self.norm = nn.Identity() if fc or cfg.final_norm == "none" else nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps)
+        fc = cfg.use_fc_norm
+        # final_norm False: no LayerNorm at all (transformers' CLIPForImageClassification pools the un-normed states).
+        self.norm = nn.Identity() if fc or not cfg.final_norm else nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps)
         self.fc_norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.ln_eps) if fc else None
-        head_in = cfg.embed_dim * (2 if cfg.pool == "token_avg" else 1)  # token_avg: [class token, patch mean]
+        head_in = cfg.embed_dim * (2 if cfg.global_pool == "token_avg" else 1)  # [class token, patch mean]
         self.head = nn.Linear(head_in, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self.head_dist: nn.Module | None = None
         if cfg.distilled:
@@ -292,8 +293,13 @@ class VisionTransformer(nn.Module):
     def forward_features(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
         x = self.patch_embed(x)
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
-        x = torch.cat([*prefix, x], dim=1) if prefix else x
-        x = self.pos_drop(x + self.pos_embed if self.pos_embed is not None else x)
+        if self.pos_embed is not None and self.cfg.no_embed_class:  # timm: position embeddings on the patches only
+            x = x + self.pos_embed
+            x = torch.cat([*prefix, x], dim=1) if prefix else x
+        else:
+            x = torch.cat([*prefix, x], dim=1) if prefix else x
+            x = x + self.pos_embed if self.pos_embed is not None else x
+        x = self.pos_drop(x)
         if self.cfg.pre_norm:
             x = self.norm_pre(x)
         rope = None
@@ -309,11 +315,11 @@ class VisionTransformer(nn.Module):
     def forward_head(self, x: torch.Tensor) -> torch.Tensor:
         if self.head_dist is not None:  # DeiT distilled, eval: the mean of the class head and the distillation head
             return (self.head(x[:, 0]) + self.head_dist(x[:, 1])) / 2
-        pool = self.cfg.pool
+        pool, start = self.cfg.global_pool, 0 if self.cfg.pool_include_prefix else self.cfg.num_prefix_tokens
         if pool == "token_avg":  # transformers' Dinov2ForImageClassification: [class token, mean of patch tokens]
             x = torch.cat([x[:, 0], x[:, self.cfg.num_prefix_tokens :].mean(dim=1)], dim=-1)
         else:
-            x = x[:, self.cfg.num_prefix_tokens :].mean(dim=1) if pool == "mean" else x[:, 0]
+            x = x[:, start:].mean(dim=1) if pool == "avg" else x[:, 0]
         if self.fc_norm is not None:
             x = self.fc_norm(x)
         return self.head(x)
