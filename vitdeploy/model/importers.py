@@ -327,6 +327,8 @@ TIMM_SIZES: dict[str, dict[str, Any]] = {
     "giant": {"embed_dim": 1408, "depth": 40, "num_heads": 16, "mlp_ratio": 48 / 11},
 }
 _TIMM_NAME = re.compile(r"^(vit|deit)_(tiny|small|base|large|huge|giant)_patch(\d+)_(\d+)(_miil)?$")
+# h3 stand-in until h1's generated name table lands: DINOv2 without registers, for --image-size's test against timm.
+_TIMM_DINOV2 = re.compile(r"^vit_(small|base|large)_patch14_dinov2$")
 SUPPORTED_TIMM = (
     "vit_{tiny,small,base,large,huge,giant}_patch{8,14,16,32}_{224,384}[.tag], vit_base_patch16_224_miil, "
     "deit_{tiny,small,base}_patch16_{224,384}"
@@ -363,6 +365,12 @@ def timm_arch(name: str) -> TimmArch:
         )
     if base.startswith("deit3_"):
         raise UsageError(f"--arch {name}: DeiT III uses layer scale and class-free position embeddings, which vitdeploy does not map")
+    dino = _TIMM_DINOV2.match(base)
+    if dino:  # timm's vit_{small,base,large}_patch14_dinov2: LayerScale, 518 px, ImageNet mean/std, crop_pct 1.0
+        cfg = ViTConfig(image_size=(518, 518), patch_size=14, ln_eps=1e-6, init_values=1e-5, **TIMM_SIZES[dino.group(1)])
+        pp = {"input_size": [518, 518], "resize_mode": "shorter", "crop_pct": 1.0, "interpolation": "bicubic",
+              "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "channel_order": "RGB"}
+        return TimmArch(base, tag or None, cfg, pp)
     m = _TIMM_NAME.match(base)
     if not m:
         raise UsageError(
@@ -401,7 +409,6 @@ _TIMM_UNSUPPORTED = (
     ("dist_token", "a distilled DeiT (dist_token, head_dist)"),
     ("reg_token", "register tokens (reg_token)"),
     ("norm_pre.", "a pre-norm (CLIP-style) ViT (norm_pre)"),
-    (".ls1.", "layer scale (ls1/ls2)"),
     (".gamma_1", "layer scale (gamma_1/gamma_2)"),
     (".q_norm.", "QK-norm (q_norm/k_norm)"),
     ("attn_pool.", "attention pooling (attn_pool)"),
@@ -434,6 +441,7 @@ def _timm_layout(sd: dict[str, torch.Tensor], where: str) -> dict[str, Any]:
         "mlp_dim": int(sd["blocks.0.mlp.fc1.weight"].shape[0]) if "blocks.0.mlp.fc1.weight" in sd else None,
         "qkv_bias": "blocks.0.attn.qkv.bias" in sd,
         "fc_norm": "fc_norm.weight" in sd,
+        "layer_scale": any(".ls1." in k for k in keys),
         "num_classes": int(sd["head.weight"].shape[0]) if "head.weight" in sd else 0,
     }
 
@@ -510,6 +518,8 @@ def load_timm(path: str | Path, arch: str, labels: str | Path | None = None, loa
     cfg = cfg.with_(num_classes=lay["num_classes"])
     if lay["fc_norm"]:  # trained with global_pool='avg': mean of the patch tokens, LayerNorm after the pooling
         cfg = cfg.with_(pool="mean", final_norm="fc_norm")
+    if lay["layer_scale"] and cfg.init_values is None:
+        raise VitdeployError(f"{p}: a timm ViT with layer scale (ls1/ls2), which {arch} does not have")
     state = _float32(sd)
     _check_fits(state, cfg, str(p))
     n = cfg.num_classes
