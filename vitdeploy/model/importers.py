@@ -611,16 +611,27 @@ def _folder_labels(m: Manifest, cfg_json: dict[str, Any], pcfg: dict[str, Any], 
 
 
 def import_checkpoint(
-    source: str | Path, out: str | Path = "ckpt.pth", arch: str | None = None, labels: str | Path | None = None
+    source: str | Path,
+    out: str | Path = "ckpt.pth",
+    arch: str | None = None,
+    labels: str | Path | None = None,
+    image_size: tuple[int, int] | None = None,
 ) -> tuple[Path, Manifest]:
     """Write any checkpoint load_any reads as a self-describing vitdeploy checkpoint; its path and manifest
     (so the caller need not read back what was just written).
+
+    ``image_size`` (H, W): deploy at that input size; absolute position embeddings are resampled as timm does
+    (model/pos_embed.py), RoPE tables recomputed, the preprocessing's input size follows.
 
     After this, every command takes it without --arch/--labels (verify, infer, benchmark, explain …).
     """
     from vitdeploy.model.checkpoint import save_checkpoint
 
     ck = load_any(source, arch=arch, labels=labels)
+    if image_size is not None:
+        from vitdeploy.model.pos_embed import resize_checkpoint
+
+        ck, _ = resize_checkpoint(ck, image_size, str(source))
     model = ck.build()
     src = dict(ck.manifest.source)
     src["sha256"] = source_sha256(source)
