@@ -93,7 +93,7 @@ def _strip(k: str) -> str:
     return k
 
 
-def rename(sd: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+def rename(sd: dict[str, torch.Tensor], where: str, what: str = "") -> dict[str, torch.Tensor]:
     """transformers names → timm names; q/k/v stay separate here (``blocks.N.attn.q.weight``)."""
     out: dict[str, torch.Tensor] = {}
     left: list[str] = []
@@ -102,22 +102,23 @@ def rename(sd: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
         m = _BLOCK_RE.match(k)
         if m:
             i, rest = m.group(1), m.group(2)
-            for src, dst in _BLOCK:
+            for src, name in _BLOCK:
                 if rest == src or rest.startswith(src + "."):
-                    out[f"blocks.{i}.{dst}{rest[len(src):]}"] = v
+                    out[f"blocks.{i}.{name}{rest[len(src):]}"] = v
                     break
             else:
                 if not _DROPPED.match(rest):
                     left.append(key)
             continue
         if k in _TOP:
-            dst = _TOP[k]
-            if dst is not None:
-                out[dst] = v
+            top = _TOP[k]
+            if top is not None:
+                out[top] = v
         elif not _DROPPED.match(k):
             left.append(key)
     if left:
-        raise VitdeployError(f"{where}: tensors vitdeploy cannot map: {', '.join(left[:4])}")
+        raise VitdeployError(f"{where}: {what or 'a model'} whose tensors vitdeploy cannot map to a ViT: {', '.join(left[:4])} "
+                             "(vitdeploy imports ViT, ViT-MSN, DeiT, DINOv2, BEiT, data2vec-vision, SigLIP and CLIP vision)")
     return out
 
 
@@ -146,7 +147,8 @@ def hf_architecture(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], where
         raise VitdeployError(f"{where}: hidden_act {act!r} has no vitdeploy equivalent ({', '.join(_ACTS)})")
     if int(vc.get("num_channels", 3)) != 3:
         raise VitdeployError(f"{where}: num_channels {vc.get('num_channels')}; vitdeploy reads RGB images (3 channels)")
-    st = rename(sd, where)
+    archs = ", ".join(cfg_json.get("architectures") or []) or "a model"
+    st = rename(sd, where, archs)
     if "patch_embed.proj.weight" not in st:
         raise VitdeployError(f"{where}: no patch embedding among the tensors: not a Hugging Face ViT-family checkpoint")
     depth = 1 + max((int(k.split(".")[1]) for k in st if k.startswith("blocks.")), default=-1)
@@ -195,6 +197,9 @@ def hf_architecture(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], where
     if fc1 is None:
         raise VitdeployError(f"{where}: block 0 has no MLP (fc1 / intermediate.dense)")
     has_ls = "blocks.0.ls1.gamma" in st
+    if "intermediate_size" in vc and int(vc["intermediate_size"]) != int(fc1.shape[0]):
+        raise VitdeployError(f"{where}: the weights do not fit config.json (intermediate_size {vc['intermediate_size']}, "
+                             f"but fc1 has {int(fc1.shape[0])} rows)")
     # the head: token_avg reads a classifier twice as wide as the model (Dinov2ForImageClassification)
     n_cls = int(st["head.weight"].shape[0]) if "head.weight" in st else 0
     head_in = int(st["head.weight"].shape[1]) if "head.weight" in st else dim
