@@ -53,7 +53,9 @@ def _families() -> dict[str, Callable[[], tuple[Any, Any]]]:
 
     def deit_teacher() -> tuple[Any, Any]:
         c = T.DeiTConfig(**SMALL, image_size=32, patch_size=8, **_labels())
-        return T.DeiTForImageClassificationWithTeacher(c), T.DeiTImageProcessor(size={"height": 32, "width": 32}, **sq)
+        # DeiT's own processor layout: squash to 40x40 (the Hub's 256), center-crop 32 (224)
+        return T.DeiTForImageClassificationWithTeacher(c), T.DeiTImageProcessor(
+            size={"height": 40, "width": 40}, crop_size={"height": 32, "width": 32}, do_center_crop=True)
 
     def deit() -> tuple[Any, Any]:
         c = T.DeiTConfig(**SMALL, image_size=32, patch_size=8, **_labels())

@@ -41,7 +41,8 @@ class Preprocess:
 
     resize_mode "shorter": resize the shorter side to input/crop_pct, then
     center-crop (timm's eval transform). "squash": resize straight to the input
-    size (Hugging Face's ViTImageProcessor).
+    size (Hugging Face's ViTImageProcessor). "squash_crop": resize straight to input/crop_pct, then center-crop
+    (transformers' DeiT/BEiT processors with size {height, width} and a crop_size; timm's crop_mode "squash").
     """
 
     input_size: tuple[int, int] = (224, 224)
@@ -60,8 +61,8 @@ class Preprocess:
         object.__setattr__(self, "input_size", tuple(int(v) for v in self.input_size))
         object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
         object.__setattr__(self, "std", tuple(float(v) for v in self.std))
-        if self.resize_mode not in ("shorter", "squash"):
-            raise ValueError(f"resize_mode must be 'shorter' or 'squash', not {self.resize_mode!r}")
+        if self.resize_mode not in ("shorter", "squash", "squash_crop"):
+            raise ValueError(f"resize_mode must be 'shorter', 'squash' or 'squash_crop', not {self.resize_mode!r}")
         if self.interpolation not in _INTERP:
             raise ValueError(f"interpolation must be one of {', '.join(_INTERP)}, not {self.interpolation!r}")
         if self.crop_offset not in ("round", "floor"):
@@ -150,7 +151,9 @@ def resize_crop(img: Image.Image, pp: Preprocess) -> Image.Image:
     # shorter side to the resize size (torchvision/timm Resize(int)), then center crop
     rh, rw = pp.resize_size
     iw, ih = img.size
-    if rh == rw:
+    if pp.resize_mode == "squash_crop":
+        nw, nh = rw, rh
+    elif rh == rw:
         short, long = (iw, ih) if iw <= ih else (ih, iw)
         new_short, new_long = rh, int(rh * long / short)
         nw, nh = (new_short, new_long) if iw <= ih else (new_long, new_short)

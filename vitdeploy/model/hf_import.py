@@ -197,8 +197,10 @@ def hf_architecture(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], where
     if fc1 is None:
         raise VitdeployError(f"{where}: block 0 has no MLP (fc1 / intermediate.dense)")
     has_ls = "blocks.0.ls1.gamma" in st
-    if "intermediate_size" in vc and int(vc["intermediate_size"]) != int(fc1.shape[0]):
-        raise VitdeployError(f"{where}: the weights do not fit config.json (intermediate_size {vc['intermediate_size']}, "
+    # the MLP width config.json gives (DINOv2 by mlp_ratio, the others by intermediate_size) must be the weights'
+    want = int(dim * float(vc["mlp_ratio"])) if "mlp_ratio" in vc else vc.get("intermediate_size")
+    if want is not None and int(want) != int(fc1.shape[0]):
+        raise VitdeployError(f"{where}: the weights do not fit config.json (an MLP of {int(want)}, "
                              f"but fc1 has {int(fc1.shape[0])} rows)")
     # the head: token_avg reads a classifier twice as wide as the model (Dinov2ForImageClassification)
     n_cls = int(st["head.weight"].shape[0]) if "head.weight" in st else 0

@@ -222,6 +222,15 @@ def _hf_preprocess(folder: Path, image_size: tuple[int, int]) -> dict[str, Any]:
     crop = pc.get("crop_size") if pc.get("do_center_crop") else None
     if "height" in size and "width" in size and crop is None:
         mode, crop_pct, out = "squash", 1.0, (int(size["height"]), int(size["width"]))
+    elif "height" in size and "width" in size and isinstance(crop, dict) and "height" in crop and "width" in crop:
+        # DeiT/BEiT: squash to size, then center-crop crop_size; one crop_pct must give both sides
+        sh, sw, ch, cw = int(size["height"]), int(size["width"]), int(crop["height"]), int(crop["width"])
+        crop_pct = ch / sh
+        if int(ch / crop_pct) != sh:
+            crop_pct = ch / (sh + 1e-6)
+        if (int(cw / crop_pct), int(ch / crop_pct)) != (sw, sh) or ch > sh or cw > sw:
+            raise VitdeployError(f"{f}: resize {size} then crop {crop}: the crop is not one fraction of both sides")
+        mode, out = "squash_crop", (ch, cw)
     elif "shortest_edge" in size and isinstance(crop, dict) and crop.get("height") == crop.get("width"):
         # resize the shorter side, then center-crop: timm's eval transform with crop_pct = crop / shorter side
         short, c = int(size["shortest_edge"]), int(crop["height"])
@@ -248,7 +257,7 @@ def _hf_preprocess(folder: Path, image_size: tuple[int, int]) -> dict[str, Any]:
         "std": std,
         "channel_order": "RGB",
         "rescale": float(pc.get("rescale_factor", 1 / 255)) if pc.get("do_rescale", True) else 1.0,
-        **({"crop_offset": "floor"} if mode == "shorter" else {}),  # transformers' center_crop: (size - crop) // 2
+        **({"crop_offset": "floor"} if mode != "squash" else {}),  # transformers' center_crop: (size - crop) // 2
     }
 
 
