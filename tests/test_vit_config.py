@@ -69,3 +69,28 @@ def test_new_knobs_round_trip_and_appear_only_when_set(kw: dict) -> None:
 def test_bad_knob_values_are_named(kw: dict, word: str) -> None:
     with pytest.raises(ValueError, match=word):
         ViTConfig(**kw)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"class_token": False, "global_pool": "avg", "fc_norm": False, "no_embed_class": True, "pre_norm": True},
+        {"reg_tokens": 4, "no_embed_class": True, "init_values": 1e-5, "qk_norm": True},
+        {"distilled": True, "mlp": "swiglu_packed", "mlp_norm": True},
+        {"global_pool": "map", "class_token": False, "mlp": "swiglu"},
+        {"global_pool": "token_avg", "fc_norm": True},
+        {"global_pool": "avg", "final_norm": False, "qkv_bias": False, "mlp": "swiglu", "mlp_norm": True},
+    ],
+)
+def test_count_params_equals_the_built_model(kw: dict) -> None:
+    import torch
+
+    from vitdeploy.model.vit import VisionTransformer
+
+    cfg = ViTConfig(image_size=(32, 32), patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, **kw)
+    with torch.device("meta"):
+        m = VisionTransformer(cfg, weight_init="skip")
+    from vitdeploy.model.presets import count_params
+
+    assert count_params(cfg) == sum(p.numel() for p in m.parameters())

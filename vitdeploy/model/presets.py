@@ -296,17 +296,25 @@ def get_preset(name: str) -> Preset:
 
 
 def count_params(cfg: ViTConfig) -> int:
-    """Parameter count computed from the config alone (no weights allocated)."""
+    """Parameter count computed from the config alone (no weights allocated); every knob counted (a test holds it
+    to the built model's count)."""
     d, h = cfg.embed_dim, cfg.hidden_dim
-    gh, gw = cfg.grid_size
-    p = cfg.patch_size
-    n = d * cfg.in_chans * p * p + d  # patch embedding
-    n += d + (gh * gw + 1) * d  # cls token, position embeddings
-    per_block = 2 * d + (3 * d * d + (3 * d if cfg.qkv_bias else 0)) + (d * d + d) + 2 * d + (d * h + h) + (h * d + d)
+    p, c = cfg.patch_size, cfg.num_classes
+    ln = 2 * d
+    n = d * cfg.in_chans * p * p + (0 if cfg.pre_norm else d)  # patch embedding (no bias under a pre-norm)
+    n += (cfg.num_prefix_tokens + cfg.pos_embed_len) * d  # prefix tokens, position embeddings
+    n += ln if cfg.pre_norm else 0
+    mlp = {"mlp": d * h + h + h * d + d, "swiglu_packed": d * h + h + (h // 2) * d + d, "swiglu": 2 * (d * h + h) + h * d + d}
+    mlp_norm = (h // 2 if cfg.mlp == "swiglu_packed" else h) * 2 if cfg.mlp_norm else 0
+    attn = 3 * d * d + (3 * d if cfg.qkv_bias else 0) + d * d + d + (4 * (d // cfg.num_heads) if cfg.qk_norm else 0)
+    per_block = 2 * ln + attn + mlp[cfg.mlp] + mlp_norm + (2 * d if cfg.init_values else 0)
     n += cfg.depth * per_block
-    n += 2 * d  # final norm
-    if cfg.num_classes > 0:
-        n += d * cfg.num_classes + cfg.num_classes
+    if cfg.global_pool == "map":  # latent, q, kv, proj, norm, its plain MLP
+        n += d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + ln + mlp["mlp"]
+    head_in = 2 * d if cfg.global_pool == "token_avg" else d
+    n += 2 * head_in if cfg.use_fc_norm else (ln if cfg.final_norm else 0)
+    if c > 0:
+        n += (head_in * c + c) * (2 if cfg.distilled else 1)
     return n
 
 

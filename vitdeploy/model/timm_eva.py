@@ -6,7 +6,8 @@ Callables are recorded by the generator by name (``norm_layer: {"name": "LayerNo
 Anything these classes can do that the ViT cannot is refused with the argument's name.
 
 How timm's choices land on the ViT:
-- ``qkv_bias`` (Eva, Beit): q and v biases with a fixed zero k bias → ``qv_bias`` (exact; model/vit.py Attention);
+- ``qkv_bias`` (EvaAttention, Beit): q and v biases with a fixed zero k bias → ``qv_bias`` (exact; model/vit.py
+  Attention); AttentionRope (``attn_type="rope"``, the Naver RoPE-ViTs) has a plain fused qkv bias;
   ``qkv_fused=False`` names are renamed onto the fused layout by model/layouts.py.
 - ``use_rot_pos_emb`` with ``rope_type`` 'cat' (EVA-02, SBB) or 'dinov3' → ``rope`` and its grid parameters.
 - ``use_rel_pos_bias`` (Beit) → ``rel_pos_bias``.
@@ -51,6 +52,8 @@ def _refuse(where: str, what: str) -> VitdeployError:
 
 def _norm_eps(a: dict[str, Any], where: str) -> float:
     norm = a.get("norm_layer") or {"name": "LayerNorm", "eps": 1e-6}
+    if isinstance(norm, str):  # a class by name, with its default eps (timm.layers.LayerNorm: 1e-6)
+        norm = {"name": norm}
     if not isinstance(norm, dict) or norm.get("name") not in ("LayerNorm", "nn.LayerNorm"):
         raise _refuse(where, f"norm_layer {norm!r} (vitdeploy has LayerNorm)")
     return float(norm.get("eps", 1e-6 if norm.get("name") == "LayerNorm" else 1e-5))
@@ -62,18 +65,19 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
     off = {
         "num_kv_heads": (None, "grouped-query attention (num_kv_heads)"),
         "scale_attn_inner": (False, "a norm inside attention (scale_attn_inner)"),
-        "attn_type": ("eva", "AttentionRope blocks (attn_type='rope')"),
         "use_post_norm": (False, "post-norm blocks (use_post_norm)"),
         "use_pre_transformer_norm": (False, "a pre-norm without patch bias (use_pre_transformer_norm)"),
         "attn_only_layer_scale": (False, "layer scale on the attention branch only"),
         "swiglu_align_to": (0, "an aligned SwiGLU width (swiglu_align_to)"),
         "use_shared_rel_pos_bias": (False, "one shared relative position bias (use_shared_rel_pos_bias)"),
         "dynamic_img_pad": (False, "dynamic image padding"),
-        "qk_norm": (False, "QK-norm in Eva attention"),
     }
     for k, (ok, what) in off.items():
         if k in a and a[k] not in (ok, None if ok is False else ok):
             raise _refuse(where, what)
+    attn_type = a.get("attn_type", "eva")
+    if attn_type not in ("eva", "rope"):
+        raise _refuse(where, f"attn_type {attn_type!r}")
     pool = a.get("global_pool", "avg")
     if pool not in ("avg", "token"):
         raise _refuse(where, f"global_pool {pool!r} (vitdeploy maps 'avg' and 'token' for Eva/Beit)")
@@ -88,24 +92,27 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
     swiglu, scale_mlp = bool(a.get("swiglu_mlp", False)), bool(a.get("scale_mlp", False))
     mlp = "mlp" if not swiglu else ("swiglu" if scale_mlp else "swiglu_packed")
     init_values = a.get("init_values")
-    if a.get("no_embed_class") and a.get("use_abs_pos_emb", True):
-        raise _refuse(where, "position embeddings that skip the prefix tokens (no_embed_class)")
     ring1: dict[str, Any] = {
         "class_token": bool(a.get("class_token", True)),
+        "no_embed_class": bool(a.get("no_embed_class", False)),
+        "qk_norm": bool(a.get("qk_norm", False)),
         "reg_tokens": int(a.get("num_reg_tokens", 0) or 0),
         "init_values": float(init_values) if init_values else None,  # Beit: `if init_values:`; Eva: not None
         "global_pool": pool,
         "fc_norm": fc_norm,
         "final_norm": post or fc_norm,
         "mlp": mlp,
+        "act": "gelu" if mlp == "mlp" else "silu",  # Eva/Beit: nn.GELU in Mlp, SiLU in GluMlp/SwiGLU
         "mlp_norm": scale_mlp,
     }
     if cls == "Eva" and init_values is not None and not init_values:
         raise _refuse(where, "layer scale initialised to 0 (init_values=0)")
+    # EvaAttention and Beit's Attention: q/v biases, k fixed at zero; AttentionRope (attn_type 'rope'): a plain qkv bias
+    qv = cls == "Beit" or attn_type == "eva"
     ring2: dict[str, Any] = {
         "abs_pos_embed": bool(a.get("use_abs_pos_emb", True)),
-        "qv_bias": bool(a.get("qkv_bias", True)),
-        "qkv_bias": False,
+        "qv_bias": qv and bool(a.get("qkv_bias", True)),
+        "qkv_bias": not qv and bool(a.get("qkv_bias", True)),
     }
     if cls == "Eva" and a.get("use_rot_pos_emb"):
         rtype = a.get("rope_type", "cat")
@@ -124,10 +131,6 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
         ring2["rel_pos_bias"] = bool(a.get("use_rel_pos_bias", False))
     elif cls != "Eva":
         raise VitdeployError(f"{where}: timm class {cls!r} is not Eva or Beit")
-    fields = ViTConfig.__dataclass_fields__
-    missing = [k for k in ring1 if k not in fields]
-    if missing:
-        raise VitdeployError(f"{where}: this vitdeploy has no {', '.join(missing)} yet (the ViT's first ring)")
     try:
         return ViTConfig(
             image_size=_pair(a.get("img_size", 224)),
@@ -137,7 +140,7 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
             embed_dim=dim,
             depth=int(a.get("depth", 12)),
             num_heads=heads,
-            mlp_dim=hidden,
+            mlp_dim=hidden * 2 if mlp == "swiglu_packed" else hidden,  # GluMlp(hidden_features=hidden * 2): fc1's width
             ln_eps=_norm_eps(a, where),
             **ring1,
             **ring2,
