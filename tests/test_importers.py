@@ -152,10 +152,14 @@ def _copy_hf(hf_dir: Path, dest: Path, **config_changes: object) -> Path:
 
 
 def test_hf_refusals_name_the_problem(hf_dir: Path, tmp_path: Path) -> None:
-    with pytest.raises(VitdeployError, match="hidden_act is 'gelu_new'.*exact"):
-        load_any(_copy_hf(hf_dir, tmp_path / "act", hidden_act="gelu_new"))
-    with pytest.raises(VitdeployError, match="'swin' model.*model_type 'vit'"):
-        load_any(_copy_hf(hf_dir, tmp_path / "swin", model_type="swin", architectures=["SwinForImageClassification"]))
+    with pytest.raises(VitdeployError, match="hidden_act 'relu' has no vitdeploy equivalent"):
+        load_any(_copy_hf(hf_dir, tmp_path / "act", hidden_act="relu"))
+    from transformers import SwinConfig, SwinForImageClassification  # a real non-ViT family: its tensors are named
+
+    SwinForImageClassification(SwinConfig(image_size=32, patch_size=4, embed_dim=12, depths=[1], num_heads=[2],
+                                          window_size=4)).save_pretrained(tmp_path / "swin")
+    with pytest.raises(VitdeployError, match="SwinForImageClassification whose tensors vitdeploy cannot map"):
+        load_any(tmp_path / "swin")
     with pytest.raises(VitdeployError, match="do not fit"):
         load_any(_copy_hf(hf_dir, tmp_path / "size", intermediate_size=64))
     with pytest.raises(UsageError, match="drop --arch"):

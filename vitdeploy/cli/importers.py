@@ -17,6 +17,9 @@ def import_(
     arch: Optional[str] = typer.Option(None, help="timm model name of a state dict, e.g. vit_base_patch16_224 or deit_small_patch16_224."),
     labels: Optional[Path] = typer.Option(None, help="Class names, one per line (replace id2label; name a timm head's classes)."),
     out: Path = typer.Option(Path("ckpt.pth"), "--out", "-o", help="Checkpoint to write (atomically)."),
+    image_size: Optional[str] = typer.Option(
+        None, "--image-size", help="Deploy at this input size, H or HxW (a multiple of the patch size): absolute position "
+        "embeddings resampled as timm does (bicubic, antialias), RoPE tables recomputed."),
 ) -> None:
     """Convert a ViT trained elsewhere into a vitdeploy checkpoint (labels, preprocessing and architecture inside).
 
@@ -26,11 +29,16 @@ def import_(
     from vitdeploy.core.fileio import check_output
 
     check_output(out, [source, labels])  # over its own source, a checkpoint would lose its training state
+    size = None
+    if image_size is not None:
+        from vitdeploy.core.image_size import parse_image_size
+
+        size = parse_image_size(image_size)
     from vitdeploy.model.importers import import_checkpoint  # torch: after the output is known to be usable
 
     err_console.print(f"importing {source}: reading the weights and building the model (seconds for ViT-B)…", highlight=False,
                       soft_wrap=True)
-    path, m = import_checkpoint(source, out, arch=arch, labels=labels)
+    path, m = import_checkpoint(source, out, arch=arch, labels=labels, image_size=size)
     pp = m.pp()
     h, w = pp.input_size
     console.print(

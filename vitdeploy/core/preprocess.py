@@ -41,7 +41,8 @@ class Preprocess:
 
     resize_mode "shorter": resize the shorter side to input/crop_pct, then
     center-crop (timm's eval transform). "squash": resize straight to the input
-    size (Hugging Face's ViTImageProcessor).
+    size (Hugging Face's ViTImageProcessor). "squash_crop": resize straight to input/crop_pct, then center-crop
+    (transformers' DeiT/BEiT processors with size {height, width} and a crop_size; timm's crop_mode "squash").
     """
 
     input_size: tuple[int, int] = (224, 224)
@@ -52,15 +53,20 @@ class Preprocess:
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
     channel_order: str = "RGB"
     rescale: float = 1.0 / 255.0
+    # Where the center crop starts when the margin is odd: "round" (torchvision's and timm's int(round(m / 2)),
+    # half to even) or "floor" (transformers' center_crop: m // 2). Left out of to_dict at its default.
+    crop_offset: str = "round"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input_size", tuple(int(v) for v in self.input_size))
         object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
         object.__setattr__(self, "std", tuple(float(v) for v in self.std))
-        if self.resize_mode not in ("shorter", "squash"):
-            raise ValueError(f"resize_mode must be 'shorter' or 'squash', not {self.resize_mode!r}")
+        if self.resize_mode not in ("shorter", "squash", "squash_crop"):
+            raise ValueError(f"resize_mode must be 'shorter', 'squash' or 'squash_crop', not {self.resize_mode!r}")
         if self.interpolation not in _INTERP:
             raise ValueError(f"interpolation must be one of {', '.join(_INTERP)}, not {self.interpolation!r}")
+        if self.crop_offset not in ("round", "floor"):
+            raise ValueError(f"crop_offset must be 'round' or 'floor', not {self.crop_offset!r}")
         if self.channel_order not in ("RGB", "BGR"):
             raise ValueError(f"channel_order must be RGB or BGR, not {self.channel_order!r}")
 
@@ -73,6 +79,8 @@ class Preprocess:
         d = asdict(self)
         for k in ("input_size", "mean", "std"):
             d[k] = list(d[k])
+        if d["crop_offset"] == "round":  # manifests of every earlier model stay byte-identical
+            del d["crop_offset"]
         return d
 
     @property
@@ -162,7 +170,9 @@ def resize_crop(img: Image.Image, pp: Preprocess) -> Image.Image:
     # shorter side to the resize size (torchvision/timm Resize(int)), then center crop
     rh, rw = pp.resize_size
     iw, ih = img.size
-    if rh == rw:
+    if pp.resize_mode == "squash_crop":
+        nw, nh = rw, rh
+    elif rh == rw:
         short, long = (iw, ih) if iw <= ih else (ih, iw)
         new_short, new_long = rh, int(rh * long / short)
         nw, nh = (new_short, new_long) if iw <= ih else (new_long, new_short)
@@ -171,8 +181,10 @@ def resize_crop(img: Image.Image, pp: Preprocess) -> Image.Image:
         nw, nh = max(rw, round(iw * scale)), max(rh, round(ih * scale))
     if (nw, nh) != (iw, ih):
         img = img.resize((nw, nh), interp)
-    top = int(round((nh - h) / 2.0))
-    left = int(round((nw - w) / 2.0))
+    if pp.crop_offset == "floor":
+        top, left = (nh - h) // 2, (nw - w) // 2
+    else:
+        top, left = int(round((nh - h) / 2.0)), int(round((nw - w) / 2.0))
     if nh < h or nw < w:  # only for extreme aspect ratios with crop_pct > 1
         img = img.resize((max(nw, w), max(nh, h)), interp)
         top, left = max(top, 0), max(left, 0)

@@ -9,6 +9,7 @@ transformers nor timm is needed at run time.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,15 @@ def _hf_preprocess(folder: Path, image_size: tuple[int, int]) -> dict[str, Any]:
     crop = pc.get("crop_size") if pc.get("do_center_crop") else None
     if "height" in size and "width" in size and crop is None:
         mode, crop_pct, out = "squash", 1.0, (int(size["height"]), int(size["width"]))
+    elif "height" in size and "width" in size and isinstance(crop, dict) and "height" in crop and "width" in crop:
+        # DeiT/BEiT: squash to size, then center-crop crop_size; one crop_pct must give both sides
+        sh, sw, ch, cw = int(size["height"]), int(size["width"]), int(crop["height"]), int(crop["width"])
+        crop_pct = ch / sh
+        if int(ch / crop_pct) != sh:
+            crop_pct = ch / (sh + 1e-6)
+        if (int(cw / crop_pct), int(ch / crop_pct)) != (sw, sh) or ch > sh or cw > sw:
+            raise VitdeployError(f"{f}: resize {size} then crop {crop}: the crop is not one fraction of both sides")
+        mode, out = "squash_crop", (ch, cw)
     elif "shortest_edge" in size and isinstance(crop, dict) and crop.get("height") == crop.get("width"):
         # resize the shorter side, then center-crop: timm's eval transform with crop_pct = crop / shorter side
         short, c = int(size["shortest_edge"]), int(crop["height"])
@@ -108,15 +118,14 @@ def _hf_preprocess(folder: Path, image_size: tuple[int, int]) -> dict[str, Any]:
             f"{f}: resize {size} with center crop {crop} has no vitdeploy equivalent "
             "(supported: size {height, width}; or shortest_edge with a square crop_size)"
         )
-    if out != (h, w):
-        raise VitdeployError(
-            f"{folder}: the image processor makes {out[0]}x{out[1]} inputs but config.json's image_size is {h}x{w}"
-        )
     do_norm = pc.get("do_normalize", True)
-    mean = [float(v) for v in pc.get("image_mean", HF_STANDARD_MEAN)] if do_norm else [0.0, 0.0, 0.0]
-    std = [float(v) for v in pc.get("image_std", HF_STANDARD_STD)] if do_norm else [1.0, 1.0, 1.0]
+    mean = [float(v) for v in _three(pc.get("image_mean", HF_STANDARD_MEAN))] if do_norm else [0.0, 0.0, 0.0]
+    std = [float(v) for v in _three(pc.get("image_std", HF_STANDARD_STD))] if do_norm else [1.0, 1.0, 1.0]
+    if not all(math.isfinite(v) for v in mean) or not all(math.isfinite(v) and v > 0 for v in std):
+        raise VitdeployError(f"{f}: image_mean {mean} / image_std {std}: every std must be a finite number above 0 "
+                             "and every mean finite; fix the processor config")
     return {
-        "input_size": [h, w],
+        "input_size": [out[0], out[1]],
         "resize_mode": mode,
         "crop_pct": crop_pct,
         "interpolation": interp,
@@ -124,62 +133,19 @@ def _hf_preprocess(folder: Path, image_size: tuple[int, int]) -> dict[str, Any]:
         "std": std,
         "channel_order": "RGB",
         "rescale": float(pc.get("rescale_factor", 1 / 255)) if pc.get("do_rescale", True) else 1.0,
+        **({"crop_offset": "floor"} if mode != "squash" else {}),  # transformers' center_crop: (size - crop) // 2
     }
+
+
+def _three(v: Any) -> list[Any]:
+    """A processor's mean/std: three numbers, or one for every channel."""
+    return list(v) if isinstance(v, (list, tuple)) else [v, v, v]
 
 
 def _pair(v: Any) -> tuple[int, int]:
     if isinstance(v, (list, tuple)):
         return (int(v[0]), int(v[1]))
     return (int(v), int(v))
-
-
-def convert_hf_state_dict(sd: dict[str, torch.Tensor], depth: int, where: str = "weights") -> dict[str, torch.Tensor]:
-    """ViTForImageClassification / ViTModel names → vitdeploy (timm) names; query/key/value fused into qkv."""
-    prefix = "vit." if "vit.embeddings.cls_token" in sd else ""
-    if prefix + "embeddings.cls_token" not in sd:
-        raise VitdeployError(f"{where}: no vit.embeddings.cls_token: not a Hugging Face ViT checkpoint")
-    used: set[str] = set()
-
-    def take(k: str) -> torch.Tensor:
-        try:
-            used.add(k)
-            return sd[k]
-        except KeyError:
-            raise VitdeployError(f"{where}: tensor {k} is missing: not a complete ViT checkpoint") from None
-
-    p = prefix
-    out = {
-        "cls_token": take(p + "embeddings.cls_token"),
-        "pos_embed": take(p + "embeddings.position_embeddings"),
-        "patch_embed.proj.weight": take(p + "embeddings.patch_embeddings.projection.weight"),
-        "patch_embed.proj.bias": take(p + "embeddings.patch_embeddings.projection.bias"),
-    }
-    for i in range(depth):
-        src, dst = f"{p}encoder.layer.{i}.", f"blocks.{i}."
-        att = src + "attention.attention."
-        pairs = {
-            "norm1": "layernorm_before",
-            "attn.proj": "attention.output.dense",
-            "norm2": "layernorm_after",
-            "mlp.fc1": "intermediate.dense",
-            "mlp.fc2": "output.dense",
-        }
-        for d, s in pairs.items():
-            out[f"{dst}{d}.weight"] = take(f"{src}{s}.weight")
-            out[f"{dst}{d}.bias"] = take(f"{src}{s}.bias")
-        out[dst + "attn.qkv.weight"] = torch.cat([take(att + n + ".weight") for n in ("query", "key", "value")])
-        if att + "query.bias" in sd:
-            out[dst + "attn.qkv.bias"] = torch.cat([take(att + n + ".bias") for n in ("query", "key", "value")])
-    out["norm.weight"] = take(p + "layernorm.weight")
-    out["norm.bias"] = take(p + "layernorm.bias")
-    if "classifier.weight" in sd:
-        out["head.weight"] = take("classifier.weight")
-        out["head.bias"] = take("classifier.bias")
-    ignored = ("pooler.", "embeddings.mask_token")  # unused by ViTForImageClassification's logits
-    left = [k for k in sd if k not in used and not k[len(p) :].startswith(ignored)]
-    if left:
-        raise VitdeployError(f"{where}: tensors vitdeploy cannot map: {', '.join(left[:4])}")
-    return out
 
 
 def load_hf_folder(folder: str | Path, labels: str | Path | None = None) -> Checkpoint:
@@ -192,37 +158,31 @@ def load_hf_folder(folder: str | Path, labels: str | Path | None = None) -> Chec
     mtype = cfg_json.get("model_type")
     if mtype is None and isinstance(cfg_json.get("architecture"), str):
         return load_timm_folder(d, cfg_json, labels)
-    archs = ", ".join(cfg_json.get("architectures") or []) or "no architectures listed"
-    if mtype != "vit":
-        raise VitdeployError(
-            f"{d}: a Hugging Face {mtype!r} model ({archs}); vitdeploy imports model_type 'vit' (ViTForImageClassification)"
-        )
-    act = cfg_json.get("hidden_act", "gelu")
-    if act != "gelu":
-        raise VitdeployError(
-            f"{d}: hidden_act is {act!r}; the vitdeploy ViT uses exact (erf) GELU, so only 'gelu' converts with identical logits"
-        )
-    if int(cfg_json.get("num_channels", 3)) != 3:
-        raise VitdeployError(f"{d}: num_channels {cfg_json.get('num_channels')}; vitdeploy reads RGB images (3 channels)")
-    depth = int(cfg_json.get("num_hidden_layers", 12))
+    from vitdeploy.model.hf_import import hf_architecture, hf_vision_config, interpolate_like_transformers
+
     sd, weights_name = _hf_state_dict(d)
-    state = _float32(convert_hf_state_dict(sd, depth, str(d)))
-    n_cls = int(state["head.weight"].shape[0]) if "head.weight" in state else 0
-    hidden = int(cfg_json.get("hidden_size", 768))
+    fields, state = hf_architecture(cfg_json, sd, str(d))
+    state = _float32(state)
+    n_cls = int(fields["num_classes"])
+    pp = _hf_preprocess(d, fields["image_size"])
+    size = (int(pp["input_size"][0]), int(pp["input_size"][1]))
+    if size != fields["image_size"]:
+        # The processor makes inputs of another size than the position embeddings were made for (DINOv2: config 518,
+        # crop 224): transformers interpolates them at run time; vitdeploy does it once, the same way, at import.
+        p = fields["patch_size"]
+        if size[0] % p or size[1] % p:
+            raise VitdeployError(f"{d}: the image processor makes {size[0]}x{size[1]} inputs, not a multiple of the patch size {p}")
+        if "pos_embed" not in state:
+            raise VitdeployError(
+                f"{d}: the image processor makes {size[0]}x{size[1]} inputs but config.json's image_size is "
+                f"{fields['image_size'][0]}x{fields['image_size'][1]} and the model has no absolute position embeddings to resample"
+            )
+        prefix = int(fields["class_token"]) + int(fields["distilled"]) + int(fields["reg_tokens"])
+        antialias = "num_register_tokens" in hf_vision_config(cfg_json)
+        state["pos_embed"] = interpolate_like_transformers(state["pos_embed"], prefix, (size[0] // p, size[1] // p), antialias)
+        fields["image_size"] = size
     try:
-        cfg = ViTConfig(
-            image_size=_pair(cfg_json.get("image_size", 224)),
-            patch_size=int(cfg_json.get("patch_size", 16)),
-            in_chans=3,
-            num_classes=n_cls,
-            embed_dim=hidden,
-            depth=depth,
-            num_heads=int(cfg_json.get("num_attention_heads", 12)),
-            mlp_ratio=int(cfg_json.get("intermediate_size", 3072)) / hidden,
-            mlp_dim=int(cfg_json.get("intermediate_size", 3072)),
-            qkv_bias=bool(cfg_json.get("qkv_bias", True)),
-            ln_eps=float(cfg_json.get("layer_norm_eps", 1e-12)),
-        )
+        cfg = ViTConfig(**fields)
     except ValueError as e:
         raise VitdeployError(f"{d / HF_CONFIG}: {e}") from None
     _check_fits(state, cfg, str(d))
@@ -236,7 +196,6 @@ def load_hf_folder(folder: str | Path, labels: str | Path | None = None) -> Chec
             names = []
         if len(names) != n_cls or sorted(int(k) for k in id2label) != list(range(n_cls)):
             names = [f"LABEL_{i}" for i in range(n_cls)]  # transformers' own default names
-    pp = _hf_preprocess(d, cfg.image_size)
     source = {"format": "huggingface", "path": str(d.resolve()), "weights": weights_name, "architectures": cfg_json.get("architectures")}
     return Checkpoint(_manifest(cfg, names, pp, d.resolve().name, source), state)
 
@@ -335,10 +294,17 @@ def _folder_labels(m: Manifest, cfg_json: dict[str, Any], pcfg: dict[str, Any], 
 
 
 def import_checkpoint(
-    source: str | Path, out: str | Path = "ckpt.pth", arch: str | None = None, labels: str | Path | None = None
+    source: str | Path,
+    out: str | Path = "ckpt.pth",
+    arch: str | None = None,
+    labels: str | Path | None = None,
+    image_size: tuple[int, int] | None = None,
 ) -> tuple[Path, Manifest]:
     """Write any checkpoint load_any reads as a self-describing vitdeploy checkpoint; its path and manifest
     (so the caller need not read back what was just written).
+
+    ``image_size`` (H, W): deploy at that input size; absolute position embeddings are resampled as timm does
+    (model/pos_embed.py), RoPE tables recomputed, the preprocessing's input size follows.
 
     After this, every command takes it without --arch/--labels (verify, infer, benchmark, explain …).
     """
@@ -346,6 +312,10 @@ def import_checkpoint(
 
     with SourceReads("import") as reads:
         ck = load_any(source, arch=arch, labels=labels)
+        if image_size is not None:
+            from vitdeploy.model.pos_embed import resize_checkpoint
+
+            ck, _ = resize_checkpoint(ck, image_size, str(source))
     model = ck.build()
     src = dict(ck.manifest.source)
     src["sha256"] = reads.sha256(source)  # of the bytes converted, not of the file as it is after the work

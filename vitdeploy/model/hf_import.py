@@ -1,0 +1,256 @@
+"""Hugging Face ViT families → the vitdeploy ViT: tensor names and architecture, read from what transformers wrote.
+
+One mapping covers ViT, ViT-MSN, DeiT (with and without teacher), DINOv2 (with and without registers), BEiT,
+data2vec-vision, SigLIP and CLIP vision towers. The architecture is read from the config's fields and from the
+tensors themselves (a distillation token, register tokens, LayerScale ``lambda``s, a pre-LayerNorm, a k projection
+without bias, a relative position bias table, a head twice as wide as the model), never from ``model_type``:
+a family member with a feature vitdeploy lacks is refused by naming the feature.
+
+What each ``*ForImageClassification`` computes after the encoder (transformers 5, modeling_<family>.py):
+- ViT, ViT-MSN, DeiT: final LayerNorm, class token → classifier; DeiT with teacher: the mean of
+  ``cls_classifier(token 0)`` and ``distillation_classifier(token 1)``.
+- DINOv2 (+registers): final LayerNorm, classifier on [class token, mean of the patch tokens].
+- BEiT / data2vec-vision with ``use_mean_pooling``: no final norm; LayerNorm of the mean of the patch tokens.
+- SigLIP: no class token; ``post_layernorm`` over all tokens, then their mean.
+- CLIP: ``pre_layrnorm`` before the blocks; the mean of the patch tokens of the un-normed last hidden state.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from vitdeploy.core.errors import VitdeployError
+
+# The base model's attribute in each *ForImageClassification (stripped from every name). transformers 5 may also
+# write a name without it (ViT-MSN's encoder), so each is optional.
+_PREFIXES = ("vit.", "deit.", "dinov2_with_registers.", "dinov2.", "beit.", "data2vec_vision.", "vision_model.")
+
+# Per-block names (after "encoder.layer.N." / "encoder.layers.N." / "layers.N."): transformers' saved (legacy) and
+# in-memory (v5) spellings → timm's. The longest names come first so "attention.output.dense" wins over
+# "output.dense".
+_BLOCK = (
+    ("attention.attention.relative_position_bias.relative_position_bias_table", "attn.relative_position_bias_table"),
+    ("attention.relative_position_bias.relative_position_bias_table", "attn.relative_position_bias_table"),
+    ("relative_position_bias.relative_position_bias_table", "attn.relative_position_bias_table"),
+    ("attention.attention.query", "attn.q"), ("attention.attention.key", "attn.k"), ("attention.attention.value", "attn.v"),
+    ("attention.q_proj", "attn.q"), ("attention.k_proj", "attn.k"), ("attention.v_proj", "attn.v"),
+    ("self_attn.q_proj", "attn.q"), ("self_attn.k_proj", "attn.k"), ("self_attn.v_proj", "attn.v"),
+    ("attention.output.dense", "attn.proj"), ("attention.o_proj", "attn.proj"), ("self_attn.out_proj", "attn.proj"),
+    ("intermediate.dense", "mlp.fc1"), ("output.dense", "mlp.fc2"), ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2"),
+    ("layernorm_before", "norm1"), ("layer_norm1", "norm1"), ("norm1", "norm1"),
+    ("layernorm_after", "norm2"), ("layer_norm2", "norm2"), ("norm2", "norm2"),
+    ("layer_scale1.lambda1", "ls1.gamma"), ("layer_scale2.lambda1", "ls2.gamma"),
+    ("lambda_1", "ls1.gamma"), ("lambda_2", "ls2.gamma"),
+)
+_BLOCK_RE = re.compile(r"^(?:encoder\.layers?|layers)\.(\d+)\.(.+)$")
+
+# Model-level names → timm's. None: a tensor the classification logits never use (dropped).
+_TOP: dict[str, str | None] = {
+    "embeddings.cls_token": "cls_token",
+    "embeddings.class_embedding": "cls_token",
+    "embeddings.distillation_token": "dist_token",
+    "embeddings.register_tokens": "reg_token",
+    "embeddings.position_embeddings": "pos_embed",
+    "embeddings.position_embedding.weight": "pos_embed",
+    "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
+    "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
+    "embeddings.patch_embedding.weight": "patch_embed.proj.weight",
+    "embeddings.patch_embedding.bias": "patch_embed.proj.bias",
+    "embeddings.mask_token": None,
+    "pre_layrnorm.weight": "norm_pre.weight",
+    "pre_layrnorm.bias": "norm_pre.bias",
+    "layernorm.weight": "norm.weight",
+    "layernorm.bias": "norm.bias",
+    "post_layernorm.weight": "norm.weight",
+    "post_layernorm.bias": "norm.bias",
+    "pooler.layernorm.weight": "fc_norm.weight",
+    "pooler.layernorm.bias": "fc_norm.bias",
+    "encoder.relative_position_bias.relative_position_bias_table": "shared_rel_pos",
+    "classifier.weight": "head.weight",
+    "classifier.bias": "head.bias",
+    "cls_classifier.weight": "head.weight",
+    "cls_classifier.bias": "head.bias",
+    "distillation_classifier.weight": "head_dist.weight",
+    "distillation_classifier.bias": "head_dist.bias",
+}
+# Unused by the logits: ViT's pooler (dense + tanh), SigLIP's attention-pooling head (SiglipForImageClassification
+# averages the tokens instead), fixed index buffers.
+_DROPPED = re.compile(r"^(pooler\.dense\.|head\.|.*relative_position_index$|.*\.position_ids$|embeddings\.position_ids$)")
+
+# transformers' hidden_act names → ViTConfig.act (activations.py: gelu_new, gelu_pytorch_tanh and gelu_fast are the
+# tanh approximation; "gelu" is erf).
+_ACTS = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+         "silu": "silu", "swish": "silu"}
+
+
+def _strip(k: str) -> str:
+    for p in _PREFIXES:
+        if k.startswith(p):
+            return k[len(p):]
+    return k
+
+
+def rename(sd: dict[str, torch.Tensor], where: str, what: str = "") -> dict[str, torch.Tensor]:
+    """transformers names → timm names; q/k/v stay separate here (``blocks.N.attn.q.weight``)."""
+    out: dict[str, torch.Tensor] = {}
+    left: list[str] = []
+    for key, v in sd.items():
+        k = _strip(key)
+        m = _BLOCK_RE.match(k)
+        if m:
+            i, rest = m.group(1), m.group(2)
+            for src, name in _BLOCK:
+                if rest == src or rest.startswith(src + "."):
+                    out[f"blocks.{i}.{name}{rest[len(src):]}"] = v
+                    break
+            else:
+                if not _DROPPED.match(rest):
+                    left.append(key)
+            continue
+        if k in _TOP:
+            top = _TOP[k]
+            if top is not None:
+                out[top] = v
+        elif not _DROPPED.match(k):
+            left.append(key)
+    if left:
+        raise VitdeployError(f"{where}: {what or 'a model'} whose tensors vitdeploy cannot map to a ViT: {', '.join(left[:4])} "
+                             "(vitdeploy imports ViT, ViT-MSN, DeiT, DINOv2, BEiT, data2vec-vision, SigLIP and CLIP vision)")
+    return out
+
+
+def hf_vision_config(cfg_json: dict[str, Any]) -> dict[str, Any]:
+    """The vision tower's fields: ``vision_config`` (SigLIP, CLIP) or the config itself."""
+    vc = cfg_json.get("vision_config")
+    return dict(vc) if isinstance(vc, dict) else cfg_json
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    if isinstance(v, (list, tuple)):
+        return (int(v[0]), int(v[1]))
+    return (int(v), int(v))
+
+
+def hf_architecture(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], where: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """ViTConfig fields and the timm-named state dict of a transformers ViT-family checkpoint.
+
+    ``image_size`` is the config's (the size the position embeddings were made for).
+    """
+    vc = hf_vision_config(cfg_json)
+    if vc.get("use_swiglu_ffn"):
+        raise VitdeployError(f"{where}: use_swiglu_ffn (DINOv2-giant's SwiGLU FFN, weights_in/weights_out) is not mapped")
+    act = str(vc.get("hidden_act", "gelu"))
+    if act not in _ACTS:
+        raise VitdeployError(f"{where}: hidden_act {act!r} has no vitdeploy equivalent ({', '.join(_ACTS)})")
+    if int(vc.get("num_channels", 3)) != 3:
+        raise VitdeployError(f"{where}: num_channels {vc.get('num_channels')}; vitdeploy reads RGB images (3 channels)")
+    archs = ", ".join(cfg_json.get("architectures") or []) or "a model"
+    st = rename(sd, where, archs)
+    if "patch_embed.proj.weight" not in st:
+        raise VitdeployError(f"{where}: no patch embedding among the tensors: not a Hugging Face ViT-family checkpoint")
+    depth = 1 + max((int(k.split(".")[1]) for k in st if k.startswith("blocks.")), default=-1)
+    if depth != int(vc.get("num_hidden_layers", depth)):
+        raise VitdeployError(f"{where}: config.json says {vc.get('num_hidden_layers')} layers but the weights hold {depth}")
+    dim = int(st["patch_embed.proj.weight"].shape[0])
+    # the (class) token as a [1, 1, D] parameter; CLIP stores a [D] vector, SigLIP none
+    if "cls_token" in st:
+        st["cls_token"] = st["cls_token"].reshape(1, 1, dim)
+    if "patch_embed.proj.bias" not in st and "norm_pre.weight" not in st:  # the ViT has a bias-free one for pre-norm only
+        st["patch_embed.proj.bias"] = torch.zeros(dim)
+    pre = int("cls_token" in st) + int("dist_token" in st)
+    distilled = "dist_token" in st and "head_dist.weight" in st
+    reg = 0
+    if "dist_token" in st and not distilled:  # DeiTForImageClassification: the token rides along, no second head
+        st["reg_token"] = st.pop("dist_token")
+        reg, pre = 1, pre
+    if "reg_token" in st and reg == 0:
+        reg = int(st["reg_token"].shape[1])
+    if "pos_embed" in st:
+        pe = st["pos_embed"]
+        st["pos_embed"] = pe = pe.reshape(1, -1, dim)
+        # DINOv2 with registers adds position embeddings to [class, patches] and inserts the registers after: the
+        # same as zero position embeddings at the register slots.
+        if "num_register_tokens" in vc and reg:
+            st["pos_embed"] = torch.cat([pe[:, :1], torch.zeros(1, reg, dim), pe[:, 1:]], dim=1)
+    for i in range(depth):  # fuse q, k, v into timm's qkv (+ q_bias/v_bias where k has no bias: BEiT)
+        b = f"blocks.{i}.attn."
+        try:
+            st[b + "qkv.weight"] = torch.cat([st.pop(b + n + ".weight") for n in "qkv"])
+        except KeyError:
+            raise VitdeployError(f"{where}: block {i} lacks a query, key or value projection") from None
+        biases = {n: st.pop(b + n + ".bias", None) for n in "qkv"}
+        if all(v is not None for v in biases.values()):
+            st[b + "qkv.bias"] = torch.cat([biases[n] for n in "qkv"])  # type: ignore[misc]
+        elif biases["q"] is not None and biases["v"] is not None and biases["k"] is None:
+            st[b + "q_bias"], st[b + "v_bias"] = biases["q"], biases["v"]  # type: ignore[assignment]
+        elif any(v is not None for v in biases.values()):
+            raise VitdeployError(f"{where}: block {i} has biases on {[n for n, v in biases.items() if v is not None]} only")
+    shared = st.pop("shared_rel_pos", None)
+    if shared is not None:  # use_shared_relative_position_bias: one table for all blocks = a copy in each
+        for i in range(depth):
+            st[f"blocks.{i}.attn.relative_position_bias_table"] = shared.clone()
+    rel = "blocks.0.attn.relative_position_bias_table" in st
+    fc1 = st.get("blocks.0.mlp.fc1.weight")
+    if fc1 is None:
+        raise VitdeployError(f"{where}: block 0 has no MLP (fc1 / intermediate.dense)")
+    has_ls = "blocks.0.ls1.gamma" in st
+    # the MLP width config.json gives (DINOv2 by mlp_ratio, the others by intermediate_size) must be the weights'
+    want = int(dim * float(vc["mlp_ratio"])) if "mlp_ratio" in vc else vc.get("intermediate_size")
+    if want is not None and int(want) != int(fc1.shape[0]):
+        raise VitdeployError(f"{where}: the weights do not fit config.json (an MLP of {int(want)}, "
+                             f"but fc1 has {int(fc1.shape[0])} rows)")
+    # the head: token_avg reads a classifier twice as wide as the model (Dinov2ForImageClassification)
+    n_cls = int(st["head.weight"].shape[0]) if "head.weight" in st else 0
+    head_in = int(st["head.weight"].shape[1]) if "head.weight" in st else dim
+    if head_in not in (dim, 2 * dim):
+        raise VitdeployError(f"{where}: classifier takes {head_in} features; the model's width is {dim}")
+    fields: dict[str, Any] = {
+        "image_size": _pair(vc.get("image_size", 224)),
+        "patch_size": int(st["patch_embed.proj.weight"].shape[-1]),
+        "num_classes": n_cls,
+        "embed_dim": dim,
+        "depth": depth,
+        "num_heads": int(vc.get("num_attention_heads", 12)),
+        "mlp_dim": int(fc1.shape[0]),
+        "mlp_ratio": int(fc1.shape[0]) / dim,
+        "ln_eps": float(vc.get("layer_norm_eps", 1e-12)),
+        "act": _ACTS[act],
+        "class_token": "cls_token" in st,
+        "reg_tokens": reg,
+        "distilled": distilled,
+        "abs_pos_embed": "pos_embed" in st,
+        "rel_pos_bias": rel,
+        "qkv_bias": "blocks.0.attn.qkv.bias" in st,
+        "qv_bias": "blocks.0.attn.q_bias" in st,
+        "pre_norm": "norm_pre.weight" in st,
+        "init_values": 1.0 if has_ls else None,
+    }
+    if head_in == 2 * dim:
+        fields["global_pool"] = "token_avg"
+    elif "fc_norm.weight" in st:  # BEiT's use_mean_pooling: LayerNorm of the mean of the patch tokens
+        fields.update(global_pool="avg", fc_norm=True)
+    elif not fields["class_token"]:  # SigLIP: mean over every token after post_layernorm
+        fields.update(global_pool="avg", fc_norm=False)
+    elif fields["pre_norm"]:  # CLIP: the mean of the patch tokens before post_layernorm (which the logits skip)
+        fields.update(global_pool="avg", final_norm=False)
+        st.pop("norm.weight", None), st.pop("norm.bias", None)
+    return fields, st
+
+
+def interpolate_like_transformers(pos: torch.Tensor, prefix: int, new_grid: tuple[int, int], antialias: bool) -> torch.Tensor:
+    """Dinov2Embeddings.interpolate_pos_encoding at a fixed size: bicubic (align_corners False) in float32 over the
+    square grid of patch positions; the ``prefix`` rows untouched. DINOv2 interpolates without antialias, DINOv2 with
+    registers with it (transformers 5, modeling_dinov2*.py)."""
+    import torch.nn.functional as F
+
+    head, grid = pos[:, :prefix], pos[:, prefix:]
+    n, dim = int(grid.shape[1]), int(grid.shape[2])
+    side = int(round(n**0.5))
+    if side * side != n:
+        raise VitdeployError(f"{n} patch position embeddings do not form a square grid")
+    g = grid.reshape(1, side, side, dim).permute(0, 3, 1, 2).float()
+    g = F.interpolate(g, size=new_grid, mode="bicubic", align_corners=False, antialias=antialias)
+    return torch.cat([head, g.permute(0, 2, 3, 1).reshape(1, -1, dim).to(pos.dtype)], dim=1)
