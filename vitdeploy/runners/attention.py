@@ -15,6 +15,7 @@ from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.manifest import Manifest
 from vitdeploy.core.preprocess import to_array
+from vitdeploy.model.family import TokenLayout, pooling
 
 Forward = Callable[[Sequence[Image.Image]], tuple[np.ndarray, list[np.ndarray]]]
 
@@ -36,7 +37,17 @@ class AttentionModel:
 
     @property
     def pool(self) -> str:
-        return str(self.manifest.model.get("pool", "cls"))
+        """What the head reads (model.family.pooling): token, avg, token_avg or map."""
+        from vitdeploy.model.family import pooling
+
+        return pooling(self.manifest.model)
+
+    @property
+    def layout(self) -> TokenLayout:
+        """Where the class, distillation, register and patch tokens sit in the attention's rows and columns."""
+        from vitdeploy.model.family import token_layout
+
+        return token_layout(self.manifest.model)
 
 
 def _torch_attention(path: Path) -> AttentionModel:
@@ -88,10 +99,11 @@ def _onnx_attention(path: Path, threads: int | None = None) -> AttentionModel:
     art = OnnxArtifact.open(path)
     model, manifest = art.load_weights(), art.manifest
     names = softmax_outputs(model)
-    depth = int(manifest.model.get("depth", len(names)))
+    # one Softmax per block, and one more for an attention-pooling head's query (its map's last entry)
+    depth = int(manifest.model.get("depth", len(names))) + (pooling(manifest.model) == "map")
     if len(names) != depth:
         raise VitdeployError(
-            f"{path}: {len(names)} Softmax nodes for {depth} blocks, so the attention cannot be read; "
+            f"{path}: {len(names)} Softmax nodes for {depth} attentions, so the attention cannot be read; "
             "explain the checkpoint instead"
         )
     try:
