@@ -16,14 +16,14 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "layerscale": {"init_values": 0.1},
     # DINOv2 with registers: 4 register tokens after the class token, left out of the head and of explain's map
     "registers": {"reg_tokens": 4, "init_values": 0.1},
-    # SigLIP: no class token, an attention-pooling (MAP) head
-    "siglip": {"class_token": False, "global_pool": "map"},
+    # no class token, mean-pooled with a LayerNorm after the pooling (timm's vit_*_gap_*, SigLIP's backbone)
+    "gap": {"class_token": False, "pool": "mean", "final_norm": "fc_norm", "act": "gelu_tanh"},
     # CLIP: LayerNorm before the blocks, quick_gelu
     "clip": {"pre_norm": True, "act": "quick_gelu"},
     # DINOv2's classifier (transformers): the class token and the patch mean, concatenated
-    "token_avg": {"global_pool": "token_avg", "init_values": 0.1},
+    "token_avg": {"pool": "token_avg", "init_values": 0.1},
     # EVA-02: SwiGLU MLP and rotary position embeddings
-    "eva02": {"mlp": "swiglu", "rope": "cat"},
+    "eva02": {"mlp": "swiglu", "mlp_norm": True, "rope": "cat"},
     # BEiT: relative position bias, q/v bias without k bias, no absolute position embedding, LayerScale
-    "beit": {"rel_pos_bias": True, "abs_pos_embed": False, "qv_bias": True, "qkv_bias": False},
+    "beit": {"rel_pos_bias": True, "abs_pos_embed": False, "qv_bias": True, "qkv_bias": False, "init_values": 0.1},
 }

@@ -31,7 +31,8 @@ def pooling(cfg: dict[str, Any]) -> str:
         return "token"
     if gp in ("mean", "avg"):
         return "avg"
-    return "avg" if _get(cfg, "pool", "cls") == "mean" else "token"
+    pool = _get(cfg, "pool", "cls")
+    return {"mean": "avg", "token_avg": "token_avg", "map": "map"}.get(pool, "token")
 
 
 @dataclass(frozen=True)
@@ -104,12 +105,14 @@ def features(cfg: dict[str, Any]) -> list[str]:
     act = _get(cfg, "act", "gelu")
     if act != "gelu":
         out.append(f"activation {act}")
-    mlp = _get(cfg, "mlp", "mlp")
-    if mlp != "mlp":
+    mlp = _get(cfg, "mlp", "plain")
+    if mlp not in ("plain", "mlp"):
         out.append({"swiglu": "SwiGLU MLP", "swiglu_packed": "SwiGLU MLP (packed)"}.get(mlp, f"MLP {mlp}"))
     if _get(cfg, "mlp_norm", False):
         out.append("norm inside the MLP")
     pool = pooling(cfg)
+    if _get(cfg, "final_norm", "norm") == "none":
+        out.append("no final LayerNorm")
     out.append({"token": "class-token head", "avg": "mean-pool head", "token_avg": "class token + patch mean head",
                 "map": "attention-pooling (MAP) head"}[pool])
     if _get(cfg, "fc_norm", None) or _get(cfg, "final_norm", "norm") == "fc_norm":
@@ -120,7 +123,7 @@ def features(cfg: dict[str, Any]) -> list[str]:
 def family(cfg: dict[str, Any]) -> str:
     """The family a config belongs to, named by its defining features (the names users know them by)."""
     lay = token_layout(cfg)
-    act, mlp, pool = _get(cfg, "act", "gelu"), _get(cfg, "mlp", "mlp"), pooling(cfg)
+    act, mlp, pool = _get(cfg, "act", "gelu"), str(_get(cfg, "mlp", "plain")), pooling(cfg)
     if _get(cfg, "rope", "") and mlp.startswith("swiglu"):
         return "EVA-02 (SwiGLU, rotary position embedding)"
     if _get(cfg, "rope", ""):
