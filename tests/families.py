@@ -27,3 +27,45 @@ FAMILIES: dict[str, dict[str, Any]] = {
     # BEiT: relative position bias, q/v bias without k bias, no absolute position embedding, LayerScale
     "beit": {"rel_pos_bias": True, "abs_pos_embed": False, "qv_bias": True, "qkv_bias": False, "init_values": 0.1},
 }
+
+
+def scaled_residual(model: Any, c: float) -> Any:
+    """A copy of a VisionTransformer that is exactly equivalent with its residual stream ×c (as tests/test_numerics.py
+    does to the plain ViT's graph, here per family, on the model before export).
+
+    What writes the stream is scaled by c: the embeddings (patch projection, class/distillation/register tokens,
+    position embedding), or, in a pre-norm model (CLIP), the LayerNorm before the blocks instead, whose output is the
+    stream; and each block's two branch outputs: the LayerScale γ where there is one (DeiT-III, DINOv2, BEiT), else
+    the attention projection and the MLP's fc2. Every LayerNorm that reads the stream gets ε·c², since
+    LayerNorm(c·x; ε·c²) = LayerNorm(x; ε): norm1, norm2, the final norm, or fc_norm after a pooling of the stream."""
+    import copy
+
+    import torch
+
+    m = copy.deepcopy(model).eval()
+    cfg = m.cfg
+    if cfg.final_norm == "none":
+        raise ValueError("a model without a final LayerNorm reads the stream itself: no equivalent ×c rewrite")
+
+    def scale(*params: Any) -> None:
+        for p in params:
+            if p is not None:
+                p.mul_(c)
+
+    with torch.no_grad():
+        if cfg.pre_norm:
+            scale(m.norm_pre.weight, m.norm_pre.bias)
+        else:
+            scale(m.patch_embed.proj.weight, m.patch_embed.proj.bias, m.cls_token, m.dist_token, m.reg_token,
+                  m.pos_embed)
+        for blk in m.blocks:
+            if blk.ls1 is not None:
+                scale(blk.ls1.gamma, blk.ls2.gamma)
+            else:
+                scale(blk.attn.proj.weight, blk.attn.proj.bias, blk.mlp.fc2.weight, blk.mlp.fc2.bias)
+            blk.norm1.eps *= c * c
+            blk.norm2.eps *= c * c
+        for norm in (m.norm, m.fc_norm):
+            if isinstance(norm, torch.nn.LayerNorm):
+                norm.eps *= c * c
+    return m
