@@ -216,3 +216,7 @@ if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
     for entry in ENTRIES:
         entry()
+    from families import FAMILIES  # beside this file: the family checkpoints last, after what most tests need
+
+    for family_name, family_knobs in FAMILIES.items():
+        family_ckpt_entry(family_name, family_knobs)

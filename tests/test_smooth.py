@@ -8,8 +8,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
-
 from helpers import with_spread
 
 from vitdeploy.graph.smooth import factors, sites, smooth
