@@ -216,7 +216,10 @@ if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
     for entry in ENTRIES:
         entry()
-    from families import FAMILIES  # beside this file: the family checkpoints last, after what most tests need
+    from families import FAMILIES, knobs  # beside this file: the family checkpoints last, after what most tests need
 
-    for family_name, family_knobs in FAMILIES.items():
-        family_ckpt_entry(family_name, family_knobs)
+    for family_name in FAMILIES:
+        try:
+            family_ckpt_entry(family_name, knobs(family_name))
+        except (TypeError, ValueError):  # a knob this tree's model lacks: the family's tests fail and say so
+            continue

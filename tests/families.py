@@ -16,17 +16,37 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "layerscale": {"init_values": 0.1},
     # DINOv2 with registers: 4 register tokens after the class token, left out of the head and of explain's map
     "registers": {"reg_tokens": 4, "init_values": 0.1},
-    # no class token, mean-pooled with a LayerNorm after the pooling (timm's vit_*_gap_*, SigLIP's backbone)
-    "gap": {"class_token": False, "pool": "mean", "final_norm": "fc_norm", "act": "gelu_tanh"},
+    # no class token, mean-pooled with a LayerNorm after the pooling (timm's vit_*_gap_*)
+    "gap": {"class_token": False, "global_pool": "avg", "act": "gelu_tanh"},
+    # SigLIP: no class token, an attention-pooling (MAP) head, gelu_tanh
+    "siglip": {"class_token": False, "global_pool": "map", "act": "gelu_tanh"},
     # CLIP: LayerNorm before the blocks, quick_gelu
     "clip": {"pre_norm": True, "act": "quick_gelu"},
     # DINOv2's classifier (transformers): the class token and the patch mean, concatenated
-    "token_avg": {"pool": "token_avg", "init_values": 0.1},
-    # EVA-02: SwiGLU MLP and rotary position embeddings
+    "token_avg": {"global_pool": "token_avg", "init_values": 0.1},
+    # EVA-02: SwiGLU MLP with its inner LayerNorm and rotary position embeddings
     "eva02": {"mlp": "swiglu", "mlp_norm": True, "rope": "cat"},
     # BEiT: relative position bias, q/v bias without k bias, no absolute position embedding, LayerScale
     "beit": {"rel_pos_bias": True, "abs_pos_embed": False, "qv_bias": True, "qkv_bias": False, "init_values": 0.1},
 }
+
+
+def knobs(name: str) -> dict[str, Any]:
+    """The family's knobs in the names this tree's ViTConfig has: timm's (global_pool, fc_norm), or the first
+    config's pool / final_norm where global_pool is not a field (a tree without the MAP head cannot build siglip)."""
+    from vitdeploy.model.presets import ViTConfig
+
+    k = dict(FAMILIES[name])
+    if "global_pool" in ViTConfig.__dataclass_fields__ or "global_pool" not in k:
+        return k
+    gp = k.pop("global_pool")
+    if gp == "avg":
+        k.update(pool="mean", final_norm="fc_norm")
+    elif gp == "token_avg":
+        k["pool"] = "token_avg"
+    else:
+        k["global_pool"] = gp  # no such field here: building the model says so
+    return k
 
 
 def scaled_residual(model: Any, c: float) -> Any:
@@ -44,7 +64,7 @@ def scaled_residual(model: Any, c: float) -> Any:
 
     m = copy.deepcopy(model).eval()
     cfg = m.cfg
-    if cfg.final_norm == "none":
+    if cfg.final_norm in ("none", False):
         raise ValueError("a model without a final LayerNorm reads the stream itself: no equivalent ×c rewrite")
 
     def scale(*params: Any) -> None:
@@ -59,13 +79,13 @@ def scaled_residual(model: Any, c: float) -> Any:
             scale(m.patch_embed.proj.weight, m.patch_embed.proj.bias, m.cls_token, m.dist_token, m.reg_token,
                   m.pos_embed)
         for blk in m.blocks:
-            if blk.ls1 is not None:
+            if getattr(blk.ls1, "gamma", None) is not None:
                 scale(blk.ls1.gamma, blk.ls2.gamma)
             else:
                 scale(blk.attn.proj.weight, blk.attn.proj.bias, blk.mlp.fc2.weight, blk.mlp.fc2.bias)
             blk.norm1.eps *= c * c
             blk.norm2.eps *= c * c
-        for norm in (m.norm, m.fc_norm):
+        for norm in (m.norm, getattr(m, "fc_norm", None)):
             if isinstance(norm, torch.nn.LayerNorm):
                 norm.eps *= c * c
     return m

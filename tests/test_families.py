@@ -13,7 +13,7 @@ from pathlib import Path
 import artifact_cache
 import numpy as np
 import pytest
-from families import FAMILIES
+from families import FAMILIES, knobs
 from typer.testing import CliRunner
 
 from vitdeploy.checks import conformance as cf
@@ -25,7 +25,7 @@ MIN_AGREEMENT = 0.98  # the issue's bar: INT8 and FP16 answer like FP32 on >= 98
 def _ckpt(name: str, tmp_path: Path) -> Path:
     work = tmp_path / name
     work.mkdir()
-    shutil.copy2(artifact_cache.family_ckpt_entry(name, FAMILIES[name]) / "ckpt.pth", work / "ckpt.pth")
+    shutil.copy2(artifact_cache.family_ckpt_entry(name, knobs(name)) / "ckpt.pth", work / "ckpt.pth")
     return work / "ckpt.pth"
 
 
@@ -104,7 +104,7 @@ def _small_export(name: str, out: Path) -> Path:
 
     p = get_preset("vit-digits")
     torch.manual_seed(0)
-    net = VisionTransformer(p.config.with_(embed_dim=32, depth=2, num_heads=2, **FAMILIES[name])).eval()
+    net = VisionTransformer(p.config.with_(embed_dim=32, depth=2, num_heads=2, **knobs(name))).eval()
     man = Manifest(model=net.cfg.to_dict(), labels=[str(i) for i in range(10)], preprocess=dict(p.preprocess),
                    name=f"digits-{name}")
     OnnxArtifact.write(_clean(_torch_export(net, out.parent, 32, 32, 17), man, 17), man.derive(precision="fp32"), out)
@@ -128,7 +128,7 @@ def test_int8_covers_every_gemm_and_every_artifact_passes_each_tensorrt_line(nam
     gemms = {n.name for n in g.graph.node if n.op_type in ("MatMul", "Gemm", "Conv")}
     layers, heads = {la.node for la in find_layers(g)}, head_nodes(g)
     assert gemms == layers | heads and not layers & heads
-    assert len(heads) == (2 if FAMILIES[name].get("distilled") else 1)
+    assert len(heads) == (2 if knobs(name).get("distilled") else 1)
     calib = Path(__file__).resolve().parents[1] / "calibration"
     for line in LINES:
         q = calibrate(src, calib, tmp_path / f"{line}.int8.onnx", num_images=32, target=line, smooth="off")

@@ -21,7 +21,7 @@ import artifact_cache
 import numpy as np
 import onnx
 import pytest
-from families import FAMILIES, scaled_residual
+from families import FAMILIES, knobs, scaled_residual
 from helpers import with_spread
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
     name = request.param
     d = tmp_path_factory.mktemp(f"prec-{name}")
-    shutil.copy2(artifact_cache.family_ckpt_entry(name, FAMILIES[name]) / "ckpt.pth", d / "ckpt.pth")
+    shutil.copy2(artifact_cache.family_ckpt_entry(name, knobs(name)) / "ckpt.pth", d / "ckpt.pth")
     ck = load_checkpoint(d / "ckpt.pth")
     net = ck.build()
     _export(net, ck.manifest, d / "model.onnx")

@@ -111,11 +111,12 @@ def features(cfg: dict[str, Any]) -> list[str]:
     if _get(cfg, "mlp_norm", False):
         out.append("norm inside the MLP")
     pool = pooling(cfg)
-    if _get(cfg, "final_norm", "norm") == "none":
+    if _get(cfg, "final_norm", "norm") in ("none", False):
         out.append("no final LayerNorm")
     out.append({"token": "class-token head", "avg": "mean-pool head", "token_avg": "class token + patch mean head",
                 "map": "attention-pooling (MAP) head"}[pool])
-    if _get(cfg, "fc_norm", None) or _get(cfg, "final_norm", "norm") == "fc_norm":
+    fc = cfg.get("fc_norm")
+    if fc or _get(cfg, "final_norm", "norm") == "fc_norm" or (fc is None and "global_pool" in cfg and pool == "avg"):
         out.append("LayerNorm after pooling (fc_norm)")
     return out
 

@@ -62,7 +62,12 @@ def _torch_attention(path: Path) -> AttentionModel:
     def forward(images: Sequence[Image.Image]) -> tuple[np.ndarray, list[np.ndarray]]:
         x = torch.from_numpy(np.stack([to_array(im, pp) for im in images]))
         with torch.inference_mode():
-            logits, attns = net.forward_with_attention(x)
+            if getattr(net, "attn_pool", None) is not None:  # a MAP head: its pooling attention after the blocks'
+                feats, attns = net.forward_features(x, return_attn=True)
+                _, pooled = net.pool(feats, return_attn=True)
+                logits, attns = net.forward_head(feats), [*attns, pooled]
+            else:
+                logits, attns = net.forward_with_attention(x)
         return logits.float().numpy(), [a.float().numpy() for a in attns]
 
     return AttentionModel(path, ck.manifest, "torch", forward)

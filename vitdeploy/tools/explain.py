@@ -112,6 +112,8 @@ def _readout(m: np.ndarray, pool: str, layout: TokenLayout | None = None,
     if p == "map":
         if pool_attn is None:
             raise VitdeployError("an attention-pooling head's map needs its pooling attention; the model returned none")
+        if pool_attn.shape[-1] == lay.patches and lay.prefix:  # the head pools the patch tokens only
+            return np.einsum("bn,bnm->bm", pool_attn, m[:, cols, :])[:, cols]
         return np.einsum("bn,bnm->bm", pool_attn, m)[:, cols]
     patch_rows = m[:, cols, cols].mean(axis=1)
     if p == "avg" or lay.cls_index is None:
