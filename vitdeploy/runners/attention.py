@@ -65,7 +65,8 @@ def _torch_attention(path: Path) -> AttentionModel:
             if getattr(net, "attn_pool", None) is not None:  # a MAP head: its pooling attention after the blocks'
                 feats, attns = net.forward_features(x, return_attn=True)
                 _, pooled = net.pool(feats, return_attn=True)
-                logits, attns = net.forward_head(feats), [*attns, pooled]
+                logits = net.forward_head(feats)
+                attns = [*attns, pooled] if pooled is not None else attns
             else:
                 logits, attns = net.forward_with_attention(x)
         return logits.float().numpy(), [a.float().numpy() for a in attns]
