@@ -149,6 +149,42 @@ def int8_entry() -> Path:
     return cached_folder(f"int8-{onnx_key()}", make)
 
 
+# A digits ViT of each family (tests/families.py): fewer epochs than the suite's checkpoint, since each family's
+# test only needs a trained model to measure FP16/INT8 against, and eight of them are made on a fresh clone.
+FAMILY_TRAIN = {"epochs": 4, "batch_size": 32, "warmup_epochs": 1.0, "seed": 0, "threads": 1}
+
+
+def family_ckpt_entry(name: str, knobs: dict[str, object]) -> Path:
+    """The folder holding ``ckpt.pth``: the vit-digits preset with the family's knobs, randomly initialised and
+    fine-tuned from that by ``train --init``'s code (the config comes from the --init checkpoint) for FAMILY_TRAIN."""
+
+    def make(folder: Path) -> None:
+        import torch
+
+        from vitdeploy.core.manifest import Manifest
+        from vitdeploy.model.checkpoint import save_checkpoint
+        from vitdeploy.model.data import DIGITS_LABELS
+        from vitdeploy.model.train import TrainOptions, train
+        from vitdeploy.model.vit import VisionTransformer, get_preset
+
+        preset = get_preset("vit-digits")
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            torch.manual_seed(0)
+            model = VisionTransformer(preset.config.with_(**knobs))
+            init = folder / "init.pth"
+            save_checkpoint(init, model, Manifest(model=model.cfg.to_dict(), labels=list(DIGITS_LABELS),
+                                                  preprocess=dict(preset.preprocess), name=f"vit-digits-{name}"))
+            train(None, TrainOptions(out=folder / "ckpt.pth", init=init, **FAMILY_TRAIN))  # type: ignore[arg-type]
+            init.unlink()
+        finally:
+            torch.set_num_threads(threads)
+
+    key = code_hash(["model/*.py", "core/preprocess.py"], sorted(knobs.items()), FAMILY_TRAIN)
+    return cached_folder(f"family-{name}-{key}", make)
+
+
 PROBE_SCRIPT = REPO / "scripts" / "probe_bad_inputs.py"
 
 
@@ -180,3 +216,10 @@ if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
     for entry in ENTRIES:
         entry()
+    from families import FAMILIES, knobs  # beside this file: the family checkpoints last, after what most tests need
+
+    for family_name in FAMILIES:
+        try:
+            family_ckpt_entry(family_name, knobs(family_name))
+        except (TypeError, ValueError):  # a knob this tree's model lacks: the family's tests fail and say so
+            continue

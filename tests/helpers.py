@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 from PIL import Image
 
 from vitdeploy.core.manifest import Manifest, set_onnx_manifest
@@ -177,3 +178,26 @@ def save_in_mode(img: Image.Image, path: Path, mode: str) -> Path:
 
 
 MODES = ["L", "LA", "P", "RGBA", "CMYK", "I;16", "RGB", "1", "F"]
+
+
+def with_spread(model: onnx.ModelProto, k: float, channels: list[int]) -> onnx.ModelProto:
+    """The exactly equivalent model with a k× spread: LayerNorm γ/β of ``channels`` ×k, the consuming rows ÷k (at every
+    LayerNorm → MatMul site graph.smooth can edit, so on every family: QKV, fc1 or SwiGLU's fc1_g/fc1_x, a MAP head's kv)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    inits = {i.name: i for i in m.graph.initializer}
+
+    def edit(name: str, rows: slice | list[int], by: float) -> None:
+        a = numpy_helper.to_array(inits[name]).copy()
+        a[rows] *= np.float32(by)
+        inits[name].CopyFrom(numpy_helper.from_array(a, name))
+
+    from vitdeploy.graph.smooth import sites
+
+    for s in sites(m):
+        for name in (s.gamma, s.beta):
+            if name:
+                edit(name, channels, k)
+        for w in s.weights:
+            edit(w, channels, 1.0 / k)
+    return m

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
+from helpers import with_spread
 
 from vitdeploy.graph.smooth import factors, sites, smooth
 from vitdeploy.stages.precision import site_channel_max as channel_max
@@ -17,26 +17,6 @@ REPO = Path(__file__).resolve().parents[1]
 CALIB = REPO / "calibration"
 K = 50.0
 CHANNELS = [3, 17, 42, 77]  # "a few channels" of the 96 (any few; fixed so the run is repeatable)
-
-
-def with_spread(model: onnx.ModelProto, k: float, channels: list[int]) -> onnx.ModelProto:
-    """The exactly equivalent model with a k× spread: LayerNorm γ/β of ``channels`` ×k, the consuming rows ÷k."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    inits = {i.name: i for i in m.graph.initializer}
-
-    def edit(name: str, rows: slice | list[int], by: float) -> None:
-        a = numpy_helper.to_array(inits[name]).copy()
-        a[rows] *= np.float32(by)
-        inits[name].CopyFrom(numpy_helper.from_array(a, name))
-
-    for s in sites(m):
-        for name in (s.gamma, s.beta):
-            if name:
-                edit(name, channels, k)
-        for w in s.weights:
-            edit(w, channels, 1.0 / k)
-    return m
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,7 @@ def explain(
         console.print(f"… and {len(result.explanations) - SHOW} more", highlight=False)
     for path, why in result.skipped:
         err_console.print(f"skipped {path}: {why}", highlight=False)
-    console.print(f"{len(result.explanations)} attention map(s) in {out_dir}/", highlight=False)
+    console.print(f"{len(result.explanations)} attention map(s) in {out_dir}/ ({result.note})", highlight=False)
     if copies:
         from rich.table import Table
 

@@ -65,25 +65,42 @@ def ensure_node_names(model: Any) -> None:
 
 
 def head_nodes(model: Any) -> set[str]:
-    """The classification head: the linear node(s) producing the graph output through bias Adds/Identity only."""
+    """The classification head: the linear node(s) producing the graph output through bias Adds/Identity only.
+
+    A distilled model (DeiT) answers with the mean of two heads, ``(head(cls) + head_dist(dist)) / 2``: the walk
+    goes through that Add of two activations and the division (or product) by a constant to both, so the
+    distillation head stays in float like the class head."""
     producers = {o: n for n in model.graph.node for o in n.output}
     consts = _constants(model)
     out: set[str] = set()
-    for go in model.graph.output:
-        t = go.name
-        while t in producers:
-            n = producers[t]
-            if n.op_type in ("MatMul", "Gemm"):
-                out.add(n.name)
-                break
-            if n.op_type in ("Add", "Identity", "Reshape", "Flatten", "Squeeze"):
-                acts = [i for i in n.input if i not in consts]
-                if len(acts) != 1:
-                    break
-                t = acts[0]
-                continue
-            break
+    todo = [go.name for go in model.graph.output]
+    seen: set[str] = set()
+    while todo:
+        t = todo.pop()
+        if t in seen or t not in producers:
+            continue
+        seen.add(t)
+        n = producers[t]
+        if n.op_type in ("MatMul", "Gemm"):
+            out.add(n.name)
+            continue
+        acts = [i for i in n.input if i not in consts]
+        if n.op_type in ("Add", "Identity", "Reshape", "Flatten", "Squeeze") and len(acts) == 1:
+            todo.append(acts[0])
+        elif n.op_type == "Add" and len(acts) == 2 and all(_linear_output(a, producers, consts) for a in acts):
+            todo.extend(acts)  # the sum of two heads (each a Linear): both branches, never a residual Add
+        elif n.op_type in ("Div", "Mul") and len(acts) == 1 and n.input[0] == acts[0]:  # ... divided by 2
+            todo.append(acts[0])
     return out
+
+
+def _linear_output(t: str, producers: dict[str, Any], consts: dict[str, np.ndarray]) -> bool:
+    """``t`` is a Linear's output: MatMul/Gemm with a constant weight, possibly followed by its bias Add."""
+    n = producers.get(t)
+    if n is not None and n.op_type == "Add":
+        acts = [i for i in n.input if i not in consts]
+        n = producers.get(acts[0]) if len(acts) == 1 else None
+    return n is not None and n.op_type in ("MatMul", "Gemm") and any(i in consts for i in n.input[1:2])
 
 
 def find_layers(model: Any) -> list[Layer]:

@@ -350,6 +350,13 @@ def _lr_at(step: int, total: int, warmup: int, base: float) -> float:
     return base * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
 
 
+# the classifiers a new label set replaces: the class head and a distilled model's second head (timm's names)
+HEAD_PREFIXES = ("head.", "head_dist.")
+# parameters without weight decay beside biases and norms: timm's no_weight_decay() (tokens, position embeddings,
+# an attention-pooling head's latent query)
+NO_DECAY = ("cls_token", "pos_embed", "dist_token", "reg_token", "attn_pool.latent")
+
+
 def _resolve_model(opts: TrainOptions, data_dir: str | Path | None) -> tuple[ViTConfig, Preprocess, str, dict[str, Any] | None, Manifest | None]:
     """Config and preprocessing from the preset (or the --init/--resume checkpoint), with overrides."""
     source: Manifest | None = None
@@ -470,12 +477,13 @@ def _train(
         if opts.resume and not same_head:
             raise VitdeployError(f"--resume: {class_difference(list(source.labels), labels)}; use --init to fine-tune")
         state = dict(init_state)
-        if not same_head:
-            state = {k: v for k, v in state.items() if not k.startswith("head.")}
-        if model.pos_embed is not None and state["pos_embed"].shape != model.pos_embed.shape:
-            state["pos_embed"] = _resize_pos_embed(state["pos_embed"], cfg)
+        if not same_head:  # new classes: every classifier starts afresh (a distilled model's second head too)
+            state = {k: v for k, v in state.items() if not k.startswith(HEAD_PREFIXES)}
+        pos = getattr(model, "pos_embed", None)
+        if "pos_embed" in state and pos is not None and state["pos_embed"].shape != pos.shape:
+            state["pos_embed"] = _resize_pos_embed(state["pos_embed"], cfg, pos.shape[1])
         missing, unexpected = model.load_state_dict(state, strict=False)
-        if unexpected or any(not k.startswith("head.") for k in missing):
+        if unexpected or any(not k.startswith(HEAD_PREFIXES) for k in missing):
             raise VitdeployError(f"{opts.resume or opts.init}: weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
         if opts.resume:
             train_state = load_checkpoint(opts.resume).train_state
@@ -490,7 +498,7 @@ def _train(
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
     for n, p in model.named_parameters():
-        (no_decay if p.ndim <= 1 or n in ("cls_token", "pos_embed") else decay).append(p)
+        (no_decay if p.ndim <= 1 or n in NO_DECAY else decay).append(p)
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": opts.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=opts.lr
     )
@@ -612,14 +620,17 @@ def _train(
                        d.world_size, precision, d.rank)
 
 
-def _resize_pos_embed(pos: torch.Tensor, cfg: ViTConfig) -> torch.Tensor:
-    """Interpolate learned position embeddings to a new patch grid (fine-tuning at another size)."""
-    cls, grid = pos[:, :1], pos[:, 1:]
+def _resize_pos_embed(pos: torch.Tensor, cfg: ViTConfig, length: int) -> torch.Tensor:
+    """Interpolate learned position embeddings to a new patch grid (fine-tuning at another size). The embeddings of
+    the prefix tokens (class, distillation, registers: whatever the table holds beyond the grid) are kept as they
+    are; a table without them (timm's no_embed_class) is all grid."""
+    gh, gw = cfg.grid_size
+    prefix = length - gh * gw
+    cls, grid = pos[:, :prefix], pos[:, prefix:]
     n = grid.shape[1]
     side = int(math.isqrt(n))
-    if side * side != n:
+    if prefix < 0 or side * side != n:
         raise VitdeployError("cannot resize position embeddings of a non-square grid; keep the source image size")
-    gh, gw = cfg.grid_size
     g = grid.reshape(1, side, side, -1).permute(0, 3, 1, 2)
     g = F.interpolate(g, size=(gh, gw), mode="bicubic", align_corners=False)
     return torch.cat([cls, g.permute(0, 2, 3, 1).reshape(1, gh * gw, -1)], dim=1)

@@ -15,6 +15,7 @@ from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.manifest import Manifest
 from vitdeploy.core.preprocess import to_array
+from vitdeploy.model.family import TokenLayout, pooling
 
 Forward = Callable[[Sequence[Image.Image]], tuple[np.ndarray, list[np.ndarray]]]
 
@@ -36,7 +37,17 @@ class AttentionModel:
 
     @property
     def pool(self) -> str:
-        return str(self.manifest.model.get("pool", "cls"))
+        """What the head reads (model.family.pooling): token, avg, token_avg or map."""
+        from vitdeploy.model.family import pooling
+
+        return pooling(self.manifest.model)
+
+    @property
+    def layout(self) -> TokenLayout:
+        """Where the class, distillation, register and patch tokens sit in the attention's rows and columns."""
+        from vitdeploy.model.family import token_layout
+
+        return token_layout(self.manifest.model)
 
 
 def _torch_attention(path: Path) -> AttentionModel:
@@ -51,7 +62,13 @@ def _torch_attention(path: Path) -> AttentionModel:
     def forward(images: Sequence[Image.Image]) -> tuple[np.ndarray, list[np.ndarray]]:
         x = torch.from_numpy(np.stack([to_array(im, pp) for im in images]))
         with torch.inference_mode():
-            logits, attns = net.forward_with_attention(x)
+            if getattr(net, "attn_pool", None) is not None:  # a MAP head: its pooling attention after the blocks'
+                feats, attns = net.forward_features(x, return_attn=True)
+                _, pooled = net.pool(feats, return_attn=True)
+                logits = net.forward_head(feats)
+                attns = [*attns, pooled] if pooled is not None else attns
+            else:
+                logits, attns = net.forward_with_attention(x)
         return logits.float().numpy(), [a.float().numpy() for a in attns]
 
     return AttentionModel(path, ck.manifest, "torch", forward)
@@ -88,10 +105,11 @@ def _onnx_attention(path: Path, threads: int | None = None) -> AttentionModel:
     art = OnnxArtifact.open(path)
     model, manifest = art.load_weights(), art.manifest
     names = softmax_outputs(model)
-    depth = int(manifest.model.get("depth", len(names)))
+    # one Softmax per block, and one more for an attention-pooling head's query (its map's last entry)
+    depth = int(manifest.model.get("depth", len(names))) + (pooling(manifest.model) == "map")
     if len(names) != depth:
         raise VitdeployError(
-            f"{path}: {len(names)} Softmax nodes for {depth} blocks, so the attention cannot be read; "
+            f"{path}: {len(names)} Softmax nodes for {depth} attentions, so the attention cannot be read; "
             "explain the checkpoint instead"
         )
     try:

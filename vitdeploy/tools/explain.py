@@ -31,6 +31,7 @@ from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.fileio import atomic_path, move_into, temp_dir_beside
 from vitdeploy.core.manifest import Manifest
 from vitdeploy.core.preprocess import ImageReadError, Preprocess, gather_images, load_image, resize_crop
+from vitdeploy.model.family import TokenLayout
 from vitdeploy.runners.attention import open_attention_model
 
 METHODS = ("rollout", "last-layer")
@@ -38,7 +39,7 @@ HEAD_FUSIONS = ("mean", "max", "min")
 
 PANEL = 256  # shortest side of each image panel in the PNG, in pixels
 MARGIN = 12
-CAPTION_H = 74
+CAPTION_H = 92  # top-k line, title line, colour bar, and the map's note (how it was made)
 COLORMAP = "jet"
 ALPHA = 0.5
 
@@ -79,11 +80,70 @@ def discard_lowest(a: np.ndarray, ratio: float) -> np.ndarray:
     return flat.reshape(b, n, n)
 
 
-def _readout(m: np.ndarray, pool: str) -> np.ndarray:
-    """[B, N, N] token-to-token flow → [B, N-1] per patch, as the head reads it."""
-    if pool == "mean":
-        return m[:, 1:, 1:].mean(axis=1)
-    return m[:, 0, 1:]
+POOLS = ("cls", "mean", "token", "avg", "token_avg", "map")
+
+
+def _layout(n: int, layout: TokenLayout | None) -> TokenLayout:
+    """The given layout, or the plain ViT's for a sequence of ``n`` tokens (one class token, then the patches)."""
+    if layout is None:
+        return TokenLayout(class_token=True, distilled=False, registers=0, patches=n - 1)
+    if layout.length != n:
+        raise VitdeployError(f"the attention covers {n} tokens, the model's layout {layout.length} "
+                             f"({layout.prefix} prefix + {layout.patches} patches)")
+    return layout
+
+
+def _pool_name(pool: str) -> str:
+    return {"cls": "token", "mean": "avg"}.get(pool, pool)
+
+
+def _readout(m: np.ndarray, pool: str, layout: TokenLayout | None = None,
+             pool_attn: np.ndarray | None = None) -> np.ndarray:
+    """[B, N, N] token-to-token flow → [B, patches] per patch, as the head reads it.
+
+    Only the patch columns are kept: a register or distillation token is no place in the image, so the flow
+    into it is left out of the map. The rows are what the head reads: the class token (and, in a distilled
+    model, the distillation token, whose head is averaged with the class token's), the mean of the patch tokens
+    (avg), half of each (token_avg), or the attention-pooling head's query weights over the tokens (map:
+    ``pool_attn`` [B, N], fused over heads)."""
+    lay = _layout(m.shape[-1], layout)
+    cols = lay.patch_slice()
+    p = _pool_name(pool)
+    if p == "map":
+        if pool_attn is None:
+            raise VitdeployError("an attention-pooling head's map needs its pooling attention; the model returned none")
+        if pool_attn.shape[-1] == lay.patches and lay.prefix:  # the head pools the patch tokens only
+            return np.einsum("bn,bnm->bm", pool_attn, m[:, cols, :])[:, cols]
+        return np.einsum("bn,bnm->bm", pool_attn, m)[:, cols]
+    patch_rows = m[:, cols, cols].mean(axis=1)
+    if p == "avg" or lay.cls_index is None:
+        return patch_rows
+    rows = [lay.cls_index] + ([lay.dist_index] if lay.dist_index is not None else [])
+    token_rows = m[:, rows, cols].mean(axis=1)
+    if p == "token_avg":
+        return 0.5 * token_rows + 0.5 * patch_rows
+    return token_rows
+
+
+def readout_note(pool: str, layout: TokenLayout | None) -> str:
+    """One sentence saying how the map was made and which tokens it leaves out (printed by explain, in the PNG)."""
+    p = _pool_name(pool)
+    how = {
+        "token": "the class token's attention",
+        "avg": "the patch tokens' mean attention (the head averages them)",
+        "token_avg": "half the class token's, half the patch tokens' mean attention (the head reads both)",
+        "map": "the attention-pooling head's attention",
+    }[p]
+    if layout is not None and p == "token" and layout.cls_index is None:
+        how = "the patch tokens' mean attention (no class token)"
+    if layout is not None and layout.distilled and p == "token":
+        how = "the class and distillation tokens' mean attention (the two heads are averaged)"
+    left = []
+    if layout is not None and layout.distilled:
+        left.append("the distillation token")
+    if layout is not None and layout.registers:
+        left.append(f"{layout.registers} register tokens")
+    return f"map from {how}" + (f"; {' and '.join(left)} left out of the map" if left else "")
 
 
 def _check(attentions: Sequence[np.ndarray], discard_ratio: float, pool: str) -> None:
@@ -91,8 +151,21 @@ def _check(attentions: Sequence[np.ndarray], discard_ratio: float, pool: str) ->
         raise VitdeployError("no attention probabilities: the model returned none")
     if not 0.0 <= discard_ratio < 1.0:
         raise UsageError(f"--discard-ratio must be in [0, 1), not {discard_ratio}")
-    if pool not in ("cls", "mean"):
-        raise UsageError(f"pool must be 'cls' or 'mean', not {pool!r}")
+    if pool not in POOLS:
+        raise UsageError(f"pool must be one of {', '.join(POOLS)}, not {pool!r}")
+
+
+def _split_pool(attentions: Sequence[np.ndarray], pool: str, head_fusion: str) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """The blocks' [B, heads, N, N] attentions and, for a MAP head, its pooling attention fused over heads [B, N]
+    (the last entry, one query row)."""
+    blocks = list(attentions)
+    if _pool_name(pool) != "map":
+        return blocks, None
+    if len(blocks) < 2 or np.asarray(blocks[-1]).shape[-2] != 1:
+        raise VitdeployError("an attention-pooling head's map needs its pooling attention (one query row) after the "
+                             "blocks'; the model returned none")
+    pooled = fuse_heads(np.asarray(blocks[-1], np.float64), head_fusion)[:, 0, :]
+    return blocks[:-1], pooled
 
 
 def rollout(
@@ -100,19 +173,22 @@ def rollout(
     head_fusion: str = "mean",
     discard_ratio: float = 0.0,
     pool: str = "cls",
+    layout: TokenLayout | None = None,
 ) -> np.ndarray:
-    """Attention rollout: [B, N-1] relevance of each patch, from per-block [B, heads, N, N] probabilities."""
+    """Attention rollout: [B, patches] relevance of each patch, from per-block [B, heads, N, N] probabilities (for a
+    MAP head, its [B, heads, 1, N] pooling attention last)."""
     _check(attentions, discard_ratio, pool)
-    first = np.asarray(attentions[0], np.float64)
+    blocks, pooled = _split_pool(attentions, pool, head_fusion)
+    first = np.asarray(blocks[0], np.float64)
     b, _, n, _ = first.shape
     eye = np.eye(n)
     result = np.broadcast_to(eye, (b, n, n)).copy()
-    for attn in attentions:
+    for attn in blocks:
         a = discard_lowest(fuse_heads(np.asarray(attn, np.float64), head_fusion), discard_ratio)
         a = a + eye
         a = a / a.sum(axis=-1, keepdims=True)
         result = a @ result
-    return _readout(result, pool)
+    return _readout(result, pool, layout, pooled)
 
 
 def last_layer(
@@ -120,11 +196,17 @@ def last_layer(
     head_fusion: str = "mean",
     discard_ratio: float = 0.0,
     pool: str = "cls",
+    layout: TokenLayout | None = None,
 ) -> np.ndarray:
-    """The last block's attention alone, read out like ``rollout``: a sharper, less faithful map."""
+    """The last block's attention alone, read out like ``rollout`` (a MAP head: its pooling attention alone): a
+    sharper, less faithful map."""
     _check(attentions, discard_ratio, pool)
-    a = discard_lowest(fuse_heads(np.asarray(attentions[-1], np.float64), head_fusion), discard_ratio)
-    return _readout(a, pool)
+    blocks, pooled = _split_pool(attentions, pool, head_fusion)
+    if pooled is not None:
+        n = pooled.shape[-1]
+        return _readout(np.broadcast_to(np.eye(n), (len(pooled), n, n)), pool, layout, pooled)
+    a = discard_lowest(fuse_heads(np.asarray(blocks[-1], np.float64), head_fusion), discard_ratio)
+    return _readout(a, pool, layout)
 
 
 def attention_map(
@@ -134,12 +216,13 @@ def attention_map(
     head_fusion: str = "mean",
     discard_ratio: float = 0.0,
     pool: str = "cls",
+    layout: TokenLayout | None = None,
 ) -> np.ndarray:
     """[B, gh, gw] maps scaled to [0, 1] per image (a constant map stays 0)."""
     if method == "rollout":
-        v = rollout(attentions, head_fusion, discard_ratio, pool)
+        v = rollout(attentions, head_fusion, discard_ratio, pool, layout)
     elif method == "last-layer":
-        v = last_layer(attentions, head_fusion, discard_ratio, pool)
+        v = last_layer(attentions, head_fusion, discard_ratio, pool, layout)
     else:
         raise UsageError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
     gh, gw = grid
@@ -196,6 +279,7 @@ def render(
     heat: np.ndarray,
     top: Sequence[tuple[str, float]],
     title: str = "",
+    note: str = "",
 ) -> Image.Image:
     """Input panel | overlay panel, a colour bar and the top predictions in the caption."""
     pw, ph = panel_size((image.height, image.width))
@@ -221,6 +305,8 @@ def render(
     canvas.paste(bar, (x0, y + 48))
     draw.text((x0 - 30, y + 45), "low", fill=(90, 90, 90), font=small)
     draw.text((x0 + bar_w + 5, y + 45), "high", fill=(90, 90, 90), font=small)
+    if note:
+        draw.text((MARGIN, y + 64), note, fill=(90, 90, 90), font=small)
     return canvas
 
 
@@ -243,6 +329,7 @@ class ExplainResult:
     model: str = ""
     precision: str = "fp32"
     backend: str = "torch"
+    note: str = ""  # how the map was made and which tokens it leaves out (readout_note)
 
 
 @dataclass
@@ -363,12 +450,15 @@ def explain(
     am = open_attention_model(model, threads)
     pp: Preprocess = am.manifest.pp()
     labels = am.manifest.labels
-    grid, pool = am.grid, am.pool
+    grid, pool, layout = am.grid, am.pool, am.layout
+    note = readout_note(pool, layout)
     out = Path(out_dir)
     names = output_names(paths, out)
     title = f"attention {method} · heads {head_fusion}" + (f" · discard {discard_ratio:g}" if discard_ratio else "")
     title += f" · {Path(model).name} ({am.manifest.precision}, {am.backend})"
-    result = ExplainResult(method=method, model=str(model), precision=am.manifest.precision, backend=am.backend)
+    shown_note = note if layout.prefix != 1 or pool != "token" else ""  # the plain ViT's map needs no words
+    result = ExplainResult(method=method, model=str(model), precision=am.manifest.precision, backend=am.backend,
+                           note=note)
 
     # the maps are made in a folder beside -o and moved in at the end: a failure (a full disk) leaves none behind
     import shutil
@@ -388,11 +478,11 @@ def explain(
             if not keep:
                 continue
             logits, attns = am.forward(shown)
-            heat = attention_map(attns, grid, method, head_fusion, discard_ratio, pool)
+            heat = attention_map(attns, grid, method, head_fusion, discard_ratio, pool, layout)
             order, best = metrics.top_k(metrics.softmax(logits), top_k)
             for j, i in enumerate(keep):
                 top = [(labels[c] if c < len(labels) else str(c), float(p)) for c, p in zip(order[j], best[j], strict=True)]
-                png = render(shown[j], heat[j], top, title)
+                png = render(shown[j], heat[j], top, title, shown_note)
                 with atomic_path(staged / names[i].name) as tmp:
                     png.save(tmp, format="PNG")
                 ex = Explanation(paths[i], names[i], heat[j], top)

@@ -58,7 +58,17 @@ class ArtifactInfo:
             "classes": m.num_classes if "num_classes" in m.model else len(m.labels), "labels": m.labels,
             "preprocess": m.preprocess, "source": m.source, "lineage": [lk.to_dict() for lk in self.lineage],
             "files": [lk.to_dict() for lk in self.files], "current": self.current, "manifest": m.to_dict(),
+            **_family_fields(m),
         }
+
+
+def _family_fields(m: Manifest) -> dict[str, Any]:
+    """info --json's family and features (model.family), for a manifest that describes a ViT."""
+    from vitdeploy.model.family import family, features
+
+    if not m.model or "embed_dim" not in m.model:
+        return {}
+    return {"family": family(m.model), "features": features(m.model)}
 
 
 def kind_of(path: Path) -> str:
@@ -185,6 +195,7 @@ def describe(i: ArtifactInfo) -> list[str]:
         f"{i.path}  ({i.kind}, {m.precision}, target {m.target or 'none (the default graph)'})",
         f"  name           {m.name}",
         f"  classes        {len(m.labels)}: {labels}",
+        *_architecture(m),
         f"  input          {h}x{w} RGB, resize {pp.resize_mode}, crop {pp.crop_pct:g}, {pp.interpolation}, "
         f"mean {list(pp.mean)}, std {list(pp.std)}",
     ]
@@ -218,6 +229,16 @@ def describe(i: ArtifactInfo) -> list[str]:
         lines.append(f"  versions       {versions}")
     return lines
 
+
+def _architecture(m: Manifest) -> list[str]:
+    """The model description: its family and what sets it apart from the plain ViT (model.family), and its size."""
+    from vitdeploy.model.family import family, features
+
+    cfg = m.model
+    if not cfg or "embed_dim" not in cfg:
+        return []
+    size = f"dim {cfg.get('embed_dim')}, depth {cfg.get('depth')}, heads {cfg.get('num_heads')}, patch {cfg.get('patch_size')}"
+    return [f"  family         {family(cfg)} ({size})", f"  features       {'; '.join(features(cfg))}"]
 
 
 def _remake(artifact: Path) -> str:
