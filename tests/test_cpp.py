@@ -265,6 +265,11 @@ PP_VARIANTS = [
     {"input_size": [224, 224], "resize_mode": "shorter", "crop_pct": 0.95, "interpolation": "box"},
     {"input_size": [17, 33], "resize_mode": "squash", "crop_pct": 1.0, "interpolation": "hamming"},
     {"input_size": [48, 48], "resize_mode": "shorter", "crop_pct": 1.0, "interpolation": "bicubic"},
+    # transformers' DeiT/BEiT processors (resize to a size, then crop) and its floor-rounded crop offset
+    {"input_size": [32, 32], "resize_mode": "squash_crop", "crop_pct": 0.8, "interpolation": "bicubic",
+     "crop_offset": "floor"},
+    {"input_size": [31, 31], "resize_mode": "shorter", "crop_pct": 0.875, "interpolation": "bilinear",
+     "crop_offset": "floor"},
 ]
 
 
@@ -275,7 +280,8 @@ def test_png_resize_identical_for_every_pillow_filter(pp: dict, bundle_dir: Path
     h, w = pp["input_size"]
     cfg = tmp_path / "bundle.cfg"
     cfg.write_text(f"input_height={h}\ninput_width={w}\nresize_mode={pp['resize_mode']}\ncrop_pct={pp['crop_pct']!r}\n"
-                   f"interpolation={pp['interpolation']}\nresample_order={PIL_ORDER}\nlabels=labels.txt\n")
+                   f"interpolation={pp['interpolation']}\nresample_order={PIL_ORDER}\nlabels=labels.txt\n"
+                   + (f"crop_offset={pp['crop_offset']}\n" if "crop_offset" in pp else ""))
     (tmp_path / "labels.txt").write_text("a\nb\n")
     files = test_images["png"]
     got = cpp_batch(classify_bin, files, tmp_path, cfg, h, w, 2)

@@ -214,3 +214,26 @@ def test_check_on_an_engine_prints_its_precision_receipt(copy: Path, capsys: pyt
     code, err, out = _ended(lambda: mod.main(["--check"]), capsys)
     assert code == 0 and "precision receipt: GEMM FLOPs FP16 100%" in out, (err, out)
     assert str(copy) not in sys.path  # the bundle (it holds triton/) never lands on the import path
+
+
+@pytest.mark.parametrize("pp", [
+    {"input_size": [32, 32], "resize_mode": "squash_crop", "crop_pct": 0.8, "interpolation": "bicubic"},
+    {"input_size": [32, 32], "resize_mode": "squash_crop", "crop_pct": 0.8, "interpolation": "bicubic", "crop_offset": "floor"},
+    {"input_size": [31, 31], "resize_mode": "shorter", "crop_pct": 0.875, "interpolation": "bilinear", "crop_offset": "floor"},
+    {"input_size": [24, 40], "resize_mode": "shorter", "crop_pct": 0.9, "interpolation": "bicubic"},
+])
+def test_run_py_resizes_as_vitdeploy_does_for_every_resize_mode(pp: dict, tmp_path: Path) -> None:
+    """The Hugging Face processors' geometries (squash then crop; a crop offset rounded down) reach the device:
+    run.py's resize and crop give vitdeploy's bytes on photos of odd sizes."""
+    from PIL import Image
+    from skimage import data
+
+    from vitdeploy.core.preprocess import Preprocess, resize_crop
+
+    mod = load_run_py(Path(__file__).resolve().parents[1] / "vitdeploy" / "stages" / "bundle_files" / "run.py")
+    ours = Preprocess.from_dict({**pp, "mean": [0.5] * 3, "std": [0.5] * 3, "channel_order": "RGB"})
+    for name, size in (("astronaut", (97, 61)), ("coffee", (120, 83)), ("chelsea", (45, 70))):
+        img = Image.fromarray(getattr(data, name)()).convert("RGB").resize(size)
+        want = np.asarray(resize_crop(img, ours))
+        got = np.asarray(mod.resize_crop(img, pp))
+        assert got.shape == want.shape and np.array_equal(got, want), (name, pp)

@@ -96,6 +96,9 @@ def deepstream_config(manifest: Manifest, precision: str, batch: int, onnx_name:
     resize_note = (
         "# resize: the model was trained on the whole image squashed to the input size (maintain-aspect-ratio=0)"
         if pp.resize_mode == "squash" else
+        f"# resize: the model was trained on the image squashed to the input size / {pp.crop_pct}, then centre-cropped;\n"
+        "# nvinfer squashes the whole frame/object instead (maintain-aspect-ratio=0): crop objects tightly to match."
+        if pp.resize_mode == "squash_crop" else
         f"# resize: the model was trained with shorter-side resize and a centre crop ({pp.crop_pct}); nvinfer scales the\n"
         "# whole frame/object instead: crop objects tightly (or add nvdspreprocess) to match."
     )
@@ -120,7 +123,7 @@ def deepstream_config(manifest: Manifest, precision: str, batch: int, onnx_name:
         "gie-unique-id=1",
         f"infer-dims=3;{h};{w}",
         "network-input-order=0",
-        f"maintain-aspect-ratio={0 if pp.resize_mode == 'squash' else 1}",
+        f"maintain-aspect-ratio={0 if pp.resize_mode in ('squash', 'squash_crop') else 1}",
         f"scaling-filter={DS_SCALING_FILTER.get(pp.interpolation, 1)}",
         "output-blob-names=probs",
         "# the output is softmax probabilities; 0 keeps the top-1 label on every frame",
@@ -143,6 +146,8 @@ def cpp_config(manifest: Manifest, default_model: str) -> str:
         "num_classes": manifest.num_classes, "labels": "../labels.txt",
         "engine": "../" + str(Path(default_model).with_suffix(".engine")), "batch": 8, "top": 1,
     }
+    if pp.crop_offset != "round":  # transformers' centre crop; left out otherwise, so earlier bundles are unchanged
+        facts["crop_offset"] = pp.crop_offset
     return "".join([
         "# Written by `vitdeploy bundle`: the facts the C++ library and example (cpp/) read, one key=value a line.\n",
         "# The engine takes uint8 [batch, input_height, input_width, 3] RGB; scaling, mean/std, channel order and\n",

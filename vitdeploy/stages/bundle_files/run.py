@@ -153,12 +153,15 @@ def to_rgb(img: Any) -> Any:
 def resize_crop(img: Any, pp: dict) -> Any:
     h, w = (int(v) for v in pp["input_size"])
     mode = interp(pp.get("interpolation", "bicubic"))
-    if pp.get("resize_mode", "shorter") == "squash":
+    rmode = pp.get("resize_mode", "shorter")
+    if rmode == "squash":
         return img.resize((w, h), mode) if img.size != (w, h) else img
     crop_pct = float(pp.get("crop_pct", 0.875))
     rh, rw = math.floor(h / crop_pct), math.floor(w / crop_pct)
     iw, ih = img.size
-    if rh == rw:
+    if rmode == "squash_crop":  # transformers' DeiT/BEiT processors: resize to a size, then centre crop
+        nw, nh = rw, rh
+    elif rh == rw:
         short, long = (iw, ih) if iw <= ih else (ih, iw)
         new_short, new_long = rh, int(rh * long / short)
         nw, nh = (new_short, new_long) if iw <= ih else (new_long, new_short)
@@ -167,7 +170,10 @@ def resize_crop(img: Any, pp: dict) -> Any:
         nw, nh = max(rw, round(iw * scale)), max(rh, round(ih * scale))
     if (nw, nh) != (iw, ih):
         img = img.resize((nw, nh), mode)
-    top, left = int(round((nh - h) / 2.0)), int(round((nw - w) / 2.0))
+    if pp.get("crop_offset", "round") == "floor":  # transformers' centre crop rounds the offset down
+        top, left = (nh - h) // 2, (nw - w) // 2
+    else:
+        top, left = int(round((nh - h) / 2.0)), int(round((nw - w) / 2.0))
     if nh < h or nw < w:
         img = img.resize((max(nw, w), max(nh, h)), mode)
         top, left = max(top, 0), max(left, 0)

@@ -79,6 +79,9 @@ Config read_config(const std::string& path) {
     c.crop_pct = std::strtod(kv["crop_pct"].c_str(), &end);
     if (*end != '\0' || !(c.crop_pct > 0.0)) throw Error(path + ": crop_pct=" + kv["crop_pct"] + " is not a positive number");
   }
+  if (kv.count("crop_offset")) c.crop_offset = kv["crop_offset"];
+  if (c.crop_offset != "round" && c.crop_offset != "floor")
+    throw Error(path + ": crop_offset=" + c.crop_offset + " (expected round or floor)");
   if (kv.count("channel_order")) c.channel_order = kv["channel_order"];
   if (kv.count("resample_order")) c.resample_order = kv["resample_order"];
   if (c.resample_order != "horizontal" && c.resample_order != "pillow13")
@@ -91,8 +94,8 @@ Config read_config(const std::string& path) {
   if (kv.count("labels")) c.labels = (dir / kv["labels"]).lexically_normal().string();
   if (kv.count("engine")) c.engine = (dir / kv["engine"]).lexically_normal().string();
   if (c.input_height < 1 || c.input_width < 1) throw Error(path + ": the input size must be positive");
-  if (c.resize_mode != "shorter" && c.resize_mode != "squash")
-    throw Error(path + ": resize_mode=" + c.resize_mode + " (expected shorter or squash)");
+  if (c.resize_mode != "shorter" && c.resize_mode != "squash" && c.resize_mode != "squash_crop")
+    throw Error(path + ": resize_mode=" + c.resize_mode + " (expected shorter, squash or squash_crop)");
   static const char* filters[] = {"nearest", "box", "bilinear", "hamming", "bicubic", "lanczos"};
   if (std::find(std::begin(filters), std::end(filters), c.interpolation) == std::end(filters))
     throw Error(path + ": interpolation=" + c.interpolation + " is not one of Pillow's filters");
@@ -390,7 +393,9 @@ Image resize_crop(const Image& img_in, const Config& cfg) {
   const int rh = static_cast<int>(std::floor(h / cfg.crop_pct)), rw = static_cast<int>(std::floor(w / cfg.crop_pct));
   const int iw = img_in.width, ih = img_in.height;
   int nw, nh;
-  if (rh == rw) {
+  if (cfg.resize_mode == "squash_crop") {  // resize to a size, then centre crop (transformers' DeiT/BEiT)
+    nw = rw, nh = rh;
+  } else if (rh == rw) {
     int shorter = iw <= ih ? iw : ih, longer = iw <= ih ? ih : iw;
     // Python: int(rh * long / short), a true division truncated
     int new_short = rh, new_long = static_cast<int>(static_cast<double>(rh * static_cast<long long>(longer)) / shorter);
@@ -403,6 +408,8 @@ Image resize_crop(const Image& img_in, const Config& cfg) {
   }
   Image img = (nw != iw || nh != ih) ? pil_resize(img_in, nw, nh, cfg.interpolation, cfg.resample_order) : img_in;
   int top = static_cast<int>(std::nearbyint((nh - h) / 2.0)), left = static_cast<int>(std::nearbyint((nw - w) / 2.0));
+  if (cfg.crop_offset == "floor")  // Python's (nh - h) // 2: transformers' centre crop rounds the offset down
+    top = static_cast<int>(std::floor((nh - h) / 2.0)), left = static_cast<int>(std::floor((nw - w) / 2.0));
   if (nh < h || nw < w) {
     img = pil_resize(img, std::max(nw, w), std::max(nh, h), cfg.interpolation, cfg.resample_order);
     top = std::max(top, 0), left = std::max(left, 0);

@@ -29,6 +29,7 @@ struct Config {
   int input_width = 0;
   std::string resize_mode = "shorter";   // "shorter": shorter side to size/crop_pct, centre crop; "squash"
   double crop_pct = 0.875;
+  std::string crop_offset = "round";    // "floor": transformers' centre crop (offset rounded down)
   std::string interpolation = "bicubic";  // Pillow's filter: nearest, box, bilinear, hamming, bicubic, lanczos
   std::string channel_order = "RGB";     // of the source model; the raw-pixel engine always takes RGB
   // Pillow's pass order for a two-pass resize: "horizontal" (Pillow <= 12: always horizontal, then vertical) or
