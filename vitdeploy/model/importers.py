@@ -264,6 +264,7 @@ def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None,
     if cfg_json is None:
         cfg_json = json.loads((d / HF_CONFIG).read_text())
     from vitdeploy.model.timm_eva import eva_beit_entry
+    from vitdeploy.model.timm_import import folder_labels
 
     arch = str(cfg_json.get("architecture", ""))
     entry = eva_beit_entry(arch)
@@ -275,19 +276,11 @@ def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None,
     if wfile is None:
         raise VitdeployError(f"{d}: no model.safetensors or pytorch_model.bin beside config.json")
     ck = _eva_beit_checkpoint(wfile, arch, entry, labels, model_args=model_args, pcfg=pcfg)
-    _folder_labels(ck.manifest, cfg_json, pcfg, labels)
+    folder_labels(ck.manifest, cfg_json, pcfg, labels)
     ck.manifest.source = {**ck.manifest.source, "format": "timm-hub", "path": str(d.resolve()), "weights": wfile.name}
     return ck
 
 
-def _folder_labels(m: Manifest, cfg_json: dict[str, Any], pcfg: dict[str, Any], labels: str | Path | None) -> None:
-    """The folder's label_names, where no --labels file replaces them and they fit the head."""
-    names = cfg_json.get("label_names", pcfg.get("label_names"))
-    if labels is None and names:
-        if isinstance(names, dict):
-            names = [names[k] for k in sorted(names, key=int)]
-        if len(names) == m.num_classes:
-            m.labels = [str(n) for n in names]
 
 
 # --- conversion to a vitdeploy checkpoint ------------------------------------------------------------

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.manifest import Manifest
 from vitdeploy.model.presets import ViTConfig
 
 ARCHS_FILE = Path(__file__).with_name("timm_archs.json")
@@ -281,11 +282,16 @@ def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None,
     if tuple(pp["input_size"]) != tuple(m.model["image_size"]):
         raise VitdeployError(f"{d}: pretrained_cfg input_size {pp['input_size']} differs from the model's {m.model['image_size']}")
     m.preprocess = pp
+    folder_labels(m, cfg_json, pcfg, labels)
+    m.source = {**m.source, "format": "timm-hub", "path": str(d.resolve()), "weights": weights.name}
+    return ck
+
+
+def folder_labels(m: Manifest, cfg_json: dict[str, Any], pcfg: dict[str, Any], labels: str | Path | None) -> None:
+    """A timm folder's label_names, where no --labels file replaces them and they fit the head."""
     names = cfg_json.get("label_names", pcfg.get("label_names"))
     if labels is None and names:
         if isinstance(names, dict):
             names = [names[k] for k in sorted(names, key=int)]
         if len(names) == m.num_classes:
             m.labels = [str(n) for n in names]
-    m.source = {**m.source, "format": "timm-hub", "path": str(d.resolve()), "weights": weights.name}
-    return ck
