@@ -7,6 +7,7 @@ non-zero), so a mapping mistake cannot hide behind a parameter that happens to b
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,14 @@ def timm_folder_cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
     return cases
 
 
-@pytest.mark.parametrize("name", MODELS)
+# The full-size --arch case costs 10-100 CPU-s a model (DINOv2 runs at 518 px): CI runs the three smallest, and
+# VITDEPLOY_SLOW=1 runs all seven (as the issue's figures were measured).
+FULL_SIZE_IN_CI = {"deit_tiny_distilled_patch16_224", "deit3_small_patch16_224", "vit_medium_patch16_gap_256"}
+ARCH_CASES = [n if n in FULL_SIZE_IN_CI else pytest.param(n, marks=pytest.mark.skipif(
+    not os.environ.get("VITDEPLOY_SLOW"), reason="full-size timm model: set VITDEPLOY_SLOW=1")) for n in MODELS]
+
+
+@pytest.mark.parametrize("name", ARCH_CASES)
 def test_timm_state_dict_with_arch_gives_timm_logits(name: str, tmp_path: Path) -> None:
     """The full named architecture from a bare state dict and --arch: our model's logits equal timm's."""
     from vitdeploy.model.importers import load_any
