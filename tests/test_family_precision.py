@@ -91,9 +91,18 @@ def test_the_rewrites_are_exactly_equivalent_in_fp32(family: tuple[str, dict[str
         assert rel_err(ort_run(m[k], x), ref) <= 1e-4, k
 
 
+# Not reached yet (issue 30, part 5): on these families the float32 islands of the FP16 artifact do not yet keep the
+# overflowing residual stream as the test demands (measured 2026-11-27 on main; the others pass). strict: the test
+# fails the day they pass, so the mark comes off.
+FP16_NOT_YET = {"layerscale", "registers", "token_avg", "beit"}
+
+
 def test_fp16_keeps_the_overflowing_stream_float32_and_agrees_on_the_trt10_oracle(
-        family: tuple[str, dict[str, Path]], digits_val10: Path, tmp_path: Path) -> None:
+        family: tuple[str, dict[str, Path]], digits_val10: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     from vitdeploy.checks.numerics import FP16_MAX, numerics
+
+    if family[0] in FP16_NOT_YET:
+        request.applymarker(pytest.mark.xfail(strict=True, reason="issue 30 part 5 not reached for this family"))
     from vitdeploy.core.artifact import read_onnx_manifest
     from vitdeploy.stages.precision import convert_fp16
 

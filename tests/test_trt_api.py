@@ -156,7 +156,9 @@ def test_every_tensorrt_call_we_make_exists_in_that_release(version: str, tmp_pa
         assert got.shape == (3, 4)
         mod = _run_py()
         monkeypatch.setattr(mod, "CudaRT", HostCuda)
-        model = mod.TrtModel(res.engine)
+        # run.py reads only files inside its own folder (its bundle): here that folder is this test's
+        monkeypatch.setattr(mod, "HERE", tmp_path.resolve())
+        model = mod.TrtModel((tmp_path / res.engine).resolve())
         np.testing.assert_allclose(model(x), got, rtol=1e-6, atol=1e-6)
     if trt_table.has_dla(version) is True:  # DLA: fixed batch, GPU fallback, the core set before loading
         calls.clear()

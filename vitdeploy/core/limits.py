@@ -33,7 +33,9 @@ BATCH_MAX = 4096  # images per model call, and TensorRT/Triton profile batches (
 RANGES: dict[str, Bounds] = {
     # processes and threads: never more than the cores this process may run on
     "threads": {"min": 1, "max": CORES},
-    "train_workers": {"min": 0, "max": CORES},  # DataLoader processes per training process
+    # DataLoader processes per training process: decoding waits on files too, so a few more than the cores (as
+    # torch's own warning allows), never thousands; at least 4, so a process pinned to one core may still use 2
+    "train_workers": {"min": 0, "max": max(4, 2 * CORES)},
     "reader_threads": {"min": 1, "max": 64},  # infer's decoding threads (I/O-bound: may exceed the cores)
     # sizes
     "batch": {"min": 1, "max": BATCH_MAX},
