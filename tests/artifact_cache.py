@@ -76,7 +76,10 @@ def cached_folder(key: str, make: Callable[[Path], None]) -> Path:
             tmp.rename(final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    kind = key.split("-")[0]  # keep the newest few entries of this kind: every code change makes a new one
+    # keep the newest few entries of this kind (the key less its hash: "ckpt", "family-beit"): every code change makes
+    # a new one. Per family, not one "family" kind: nine families under one kind of four evicted each other mid-run,
+    # so every family test retrained its checkpoint
+    kind = key.rsplit("-", 1)[0]
     for old in sorted(CACHE_ROOT.glob(f"{kind}-*"), key=lambda d: d.stat().st_mtime)[:-KEEP_ENTRIES]:
         shutil.rmtree(old, ignore_errors=True)
     return final
