@@ -165,20 +165,22 @@ def test_rope_model_at_another_size_equals_timm_built_there(name: str, size: int
 
 
 def test_the_name_table_is_what_timm_registers() -> None:
-    """vitdeploy/model/timm_eva_beit.json is generated, not typed: it equals what the script reads from the installed timm."""
+    """vitdeploy/model/timm_archs.json is generated, not typed: it equals what the script reads from the installed
+    timm, for every family it records (vision_transformer, deit, eva, beit and the hybrids)."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     try:
-        from timm_eva_beit_args import eva_beit_entries
+        import gen_timm_archs
     finally:
         sys.path.pop(0)
-    from vitdeploy.model.timm_eva import TABLE
+    from vitdeploy.model.timm_import import ARCHS_FILE
 
-    table = json.loads(TABLE.read_text())
-    if table["timm"] != timm.__version__:
-        pytest.skip(f"table read from timm {table['timm']}, installed {timm.__version__}")
-    assert table["models"] == json.loads(json.dumps(eva_beit_entries()))
+    table = json.loads(ARCHS_FILE.read_text())
+    if table["timm_version"] != timm.__version__:
+        pytest.skip(f"table read from timm {table['timm_version']}, installed {timm.__version__}")
+    assert {"vision_transformer", "deit", "eva", "beit"} <= {e["family"] for e in table["archs"].values()}
+    assert table == json.loads(gen_timm_archs.dumps(gen_timm_archs.table()))
 
 
 def test_an_eva_feature_vitdeploy_lacks_is_one_line_naming_it(saved: dict[str, dict[str, Any]], tmp_path: Path) -> None:

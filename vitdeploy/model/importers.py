@@ -1,5 +1,8 @@
 """ViTs trained elsewhere → vitdeploy checkpoints: Hugging Face ``save_pretrained`` folders and timm state dicts.
 
+This module dispatches; timm sources (a state dict with ``--arch``, a ``save_for_hf`` folder, any family) are read by
+model/timm_import.py, Hugging Face folders here with their architecture from model/hf_import.py.
+
 The weights are mapped onto the vitdeploy ViT (which uses timm's parameter names), so
 export, precision, engines and attention maps work on them unchanged. The files are
 read directly (json, safetensors, ``torch.load(weights_only=True)``): neither
@@ -26,6 +29,7 @@ from vitdeploy.model.checkpoint import (
     describe_foreign,
 )
 from vitdeploy.model.sources import HF_CONFIG, check_source
+from vitdeploy.model.timm_import import load_timm, load_timm_folder
 from vitdeploy.model.vit import ViTConfig
 from vitdeploy.model.weights import (  # noqa: F401  (re-exported: callers import them from here)
     _check_fits,
@@ -198,89 +202,6 @@ def load_hf_folder(folder: str | Path, labels: str | Path | None = None) -> Chec
             names = [f"LABEL_{i}" for i in range(n_cls)]  # transformers' own default names
     source = {"format": "huggingface", "path": str(d.resolve()), "weights": weights_name, "architectures": cfg_json.get("architectures")}
     return Checkpoint(_manifest(cfg, names, pp, d.resolve().name, source), state)
-
-
-# --- timm: model/timm_import.py (names and folders read through the table timm's registrations generated) ---
-
-
-def _eva_beit_checkpoint(
-    p: Path,
-    arch: str,
-    entry: dict[str, Any],
-    labels: str | Path | None,
-    loaded: Any = None,
-    model_args: dict[str, Any] | None = None,
-    pcfg: dict[str, Any] | None = None,
-) -> Checkpoint:
-    """A timm Eva/Beit state dict: its arguments from the generated table under the folder's ``model_args``,
-    its names through the one layout filter (model/layouts.py), its preprocessing from the pretrained cfg."""
-    from vitdeploy.model.layouts import rename_eva_beit
-    from vitdeploy.model.timm_eva import eva_beit_config
-
-    model_args = dict(model_args or {})
-    unknown = sorted(set(model_args) - set(entry["args"]))
-    if unknown:
-        raise VitdeployError(f"{p}: model_args {', '.join(unknown)} are not arguments of timm's {entry['class']}")
-    args = {**entry["args"], **model_args}
-    cfg = eva_beit_config(entry["class"], args, arch)  # an architecture vitdeploy cannot hold: said before reading
-    sd, key = read_tensors(p, loaded)
-    state = _float32(rename_eva_beit(sd))
-    pcfg = {**entry.get("pretrained_cfg", {}), **(pcfg or {})}
-    from vitdeploy.model.timm_import import pp_from_pretrained_cfg
-
-    pp = pp_from_pretrained_cfg({"input_size": (3, *cfg.image_size), **pcfg}, str(p))
-    if args.get("dynamic_img_size") and not cfg.abs_pos_embed:
-        # timm runs it at whatever size the preprocessing makes, its rotary tables computed for that grid
-        try:
-            cfg = cfg.with_(image_size=tuple(pp["input_size"]))
-        except ValueError as e:
-            raise VitdeployError(f"{p}: {e}") from None
-    if tuple(pp["input_size"]) != tuple(cfg.image_size):
-        raise VitdeployError(f"{p}: the preprocessing's input size {pp['input_size']} differs from the model's {list(cfg.image_size)}")
-    n = int(state["head.weight"].shape[0]) if "head.weight" in state else 0
-    cfg = cfg.with_(num_classes=n)
-    _check_fits(state, cfg, str(p))
-    names = labels_for(labels, n) if labels is not None else [f"class_{i}" for i in range(n)]
-    source = {"format": "timm", "path": str(p.resolve()), "arch": arch, "state_dict_key": key, "timm_class": entry["class"]}
-    return Checkpoint(_manifest(cfg, names, pp, arch, source), state)
-
-
-def load_timm(path: str | Path, arch: str, labels: str | Path | None = None, loaded: Any = None) -> Checkpoint:
-    """A timm ViT state dict with its timm model name: Eva/Beit names here, the rest in model/timm_import.py."""
-    from vitdeploy.model.timm_eva import eva_beit_entry
-
-    entry = eva_beit_entry(arch)
-    if entry is not None:
-        return _eva_beit_checkpoint(Path(path), arch, entry, labels, loaded)
-    from vitdeploy.model.timm_import import load_timm as _load
-
-    return _load(path, arch, labels, loaded)
-
-
-def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None, labels: str | Path | None = None) -> Checkpoint:
-    from vitdeploy.model.timm_import import load_timm_folder as _load
-
-    d = Path(folder)
-    if cfg_json is None:
-        cfg_json = json.loads((d / HF_CONFIG).read_text())
-    from vitdeploy.model.timm_eva import eva_beit_entry
-    from vitdeploy.model.timm_import import folder_labels
-
-    arch = str(cfg_json.get("architecture", ""))
-    entry = eva_beit_entry(arch)
-    if entry is None:
-        return _load(folder, cfg_json, labels)
-    pcfg = dict(cfg_json.get("pretrained_cfg") or {})
-    model_args = dict(cfg_json.get("model_args") or {})
-    wfile = next((d / n for n in ("model.safetensors", "pytorch_model.bin") if (d / n).is_file()), None)
-    if wfile is None:
-        raise VitdeployError(f"{d}: no model.safetensors or pytorch_model.bin beside config.json")
-    ck = _eva_beit_checkpoint(wfile, arch, entry, labels, model_args=model_args, pcfg=pcfg)
-    folder_labels(ck.manifest, cfg_json, pcfg, labels)
-    ck.manifest.source = {**ck.manifest.source, "format": "timm-hub", "path": str(d.resolve()), "weights": wfile.name}
-    return ck
-
-
 
 
 # --- conversion to a vitdeploy checkpoint ------------------------------------------------------------

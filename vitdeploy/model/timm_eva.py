@@ -1,7 +1,8 @@
 """timm's Eva (eva.py: EVA-02, DINOv3, the SBB ``vit_*_rope_*``) and Beit (beit.py) constructor arguments → ViTConfig.
 
 The arguments come from what timm wrote, never from a model's name: the generated name table (timm's own
-registrations, resolved over the class's defaults: scripts/gen_timm_archs.py) and a folder's ``model_args``.
+registrations, scripts/gen_timm_archs.py), laid over the class's defaults it records (model/timm_import.py
+``class_args``), and a folder's ``model_args``.
 Callables are recorded by the generator by name (``norm_layer: {"name": "LayerNorm", "eps": 1e-6}``).
 Anything these classes can do that the ViT cannot is refused with the argument's name.
 
@@ -20,26 +21,10 @@ How timm's choices land on the ViT:
 
 from __future__ import annotations
 
-import functools
-import json
-from pathlib import Path
 from typing import Any
 
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.model.presets import ViTConfig
-
-TABLE = Path(__file__).with_name("timm_eva_beit.json")
-
-
-@functools.cache
-def _table() -> dict[str, Any]:
-    models: dict[str, Any] = json.loads(TABLE.read_text())["models"]
-    return models
-
-
-def eva_beit_entry(arch: str) -> dict[str, Any] | None:
-    """The table's row for a timm name (a ``.tag`` ignored): class, args, pretrained_cfg; None when not Eva/Beit."""
-    return _table().get(arch.strip().partition(".")[0])
 
 
 def _pair(v: Any) -> tuple[int, int]:

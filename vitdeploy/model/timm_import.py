@@ -1,10 +1,12 @@
 """timm's architecture, as timm wrote it, onto ViTConfig: model names (--arch) and a folder's ``model_args``.
 
-Names resolve through timm_archs.json, which scripts/gen_timm_archs.py generates from timm's own model registrations
-(the kwargs each entry function passes to the model class, and each pretrained cfg's preprocessing); timm is never
-imported here. One mapper, ``config_from_timm``, turns timm kwargs into a ViTConfig, for a name's recorded kwargs and
-for a ``save_for_hf`` folder's ``model_args`` alike; an argument the vitdeploy ViT has no equivalent for is refused
-by name.
+The one entry point for timm: ``load_timm`` (a state dict with its name) and ``load_timm_folder`` (a ``save_for_hf``
+folder), whatever the family. Names resolve through timm_archs.json, which scripts/gen_timm_archs.py generates from
+timm's own model registrations (per name its timm family, the kwargs its entry function passes to the model class,
+and each pretrained cfg's preprocessing); timm is never imported here. The name's family routes it: Eva and Beit
+(timm's eva.py, beit.py) to model/timm_eva.py's mapper over the class's defaults; VisionTransformer (vision_transformer,
+deit, hybrids) to ``config_from_timm`` here, for a name's recorded kwargs and a folder's ``model_args`` alike. An
+argument the vitdeploy ViT has no equivalent for is refused by name.
 """
 
 from __future__ import annotations
@@ -15,13 +17,17 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.manifest import Manifest
 from vitdeploy.model.presets import ViTConfig
 
+if TYPE_CHECKING:  # torch behind it: imported where a checkpoint is made
+    from vitdeploy.model.checkpoint import Checkpoint
+
 ARCHS_FILE = Path(__file__).with_name("timm_archs.json")
+EVA_BEIT = ("eva", "beit")  # the table's families that model/timm_eva.py maps
 
 # timm kwargs that only train (dropout, init, stochastic depth) or that leave a fixed-size eval forward as it is.
 _EVAL_NEUTRAL = {
@@ -130,6 +136,17 @@ def timm_version() -> str:
     return str(_table()["timm_version"])
 
 
+def table_entry(name: str) -> dict[str, Any] | None:
+    """The table's row for a timm name (a ``.tag`` ignored): family, class, args, preprocessing; None if unknown."""
+    entry: dict[str, Any] | None = _table()["archs"].get(name.strip().partition(".")[0])
+    return entry
+
+
+def class_args(entry: dict[str, Any]) -> dict[str, Any]:
+    """A row's args laid over its class's constructor defaults: every argument timm's class is built with."""
+    return {**_table()["class_defaults"].get(entry["class"], {}), **entry["args"]}
+
+
 @dataclass(frozen=True)
 class TimmArch:
     """A timm model name resolved to its architecture and its pretrained cfg's preprocessing."""
@@ -177,7 +194,7 @@ def timm_arch(name: str, overrides: dict[str, Any] | None = None) -> TimmArch:
         raise UsageError(f"--arch {name}: not a timm ViT name vitdeploy knows (timm {timm_version()}){hint}")
     if tag and tag not in entry.get("all_tags", [tag]):
         raise UsageError(f"--arch {name}: timm has no tag {tag!r} for {base}; its tags: {', '.join(entry.get('all_tags', []))}")
-    kwargs = {**entry["kwargs"], **(overrides or {})}
+    kwargs = {**entry["args"], **(overrides or {})}
     cfg = config_from_timm(entry["class"], kwargs, f"--arch {name}")
     pcfg = {**entry.get("preprocess", {}), **entry.get("tags", {}).get(tag or entry.get("default_tag"), {})}
     pp = pp_from_pretrained_cfg(pcfg, f"--arch {name}")
@@ -230,12 +247,15 @@ def _fit_to_weights(cfg: ViTConfig, sd: dict[str, Any], where: str, arch: str) -
 
 
 def load_timm(path: str | Path, arch: str, labels: str | Path | None = None, loaded: Any = None,
-              overrides: dict[str, Any] | None = None) -> Any:
-    """A timm ViT state dict (plain, or inside a timm training checkpoint) with its timm model name."""
-    from vitdeploy.model.checkpoint import Checkpoint, describe_foreign
-    from vitdeploy.model.weights import _check_fits, _float32, _manifest, labels_for, read_tensors
+              overrides: dict[str, Any] | None = None) -> Checkpoint:
+    """A timm ViT state dict (plain, or inside a timm training checkpoint) with its timm model name, any family."""
+    from vitdeploy.model.checkpoint import describe_foreign
+    from vitdeploy.model.weights import _check_fits, _float32, read_tensors
 
     p = Path(path)
+    entry = table_entry(arch)
+    if entry is not None and entry["family"] in EVA_BEIT:
+        return _eva_beit_checkpoint(p, arch, entry, labels, loaded, model_args=overrides)
     spec = timm_arch(arch, overrides)
     sd, key = read_tensors(p, loaded)
     sd = {k: v for k, v in sd.items() if not k.startswith("pre_logits.")}  # unused representation layer of old weights
@@ -244,14 +264,23 @@ def load_timm(path: str | Path, arch: str, labels: str | Path | None = None, loa
     cfg = _fit_to_weights(spec.config, sd, str(p), arch)
     state = _float32(sd)
     _check_fits(state, cfg, f"{p} (as {arch})")
+    name = spec.name + (f".{spec.tag}" if spec.tag else "")
+    return _checkpoint(p, arch, key, cfg, state, dict(spec.preprocess), name, labels, timm_table=timm_version())
+
+
+def _checkpoint(p: Path, arch: str, key: str | None, cfg: ViTConfig, state: dict[str, Any], pp: dict[str, Any],
+                name: str, labels: str | Path | None, **source: Any) -> Checkpoint:
+    """The checkpoint of a timm state dict that fits ``cfg``, any family: class names from --labels or numbered."""
+    from vitdeploy.model.checkpoint import Checkpoint
+    from vitdeploy.model.weights import _manifest, labels_for
+
     n = cfg.num_classes
     names = labels_for(labels, n) if labels is not None else [f"class_{i}" for i in range(n)]
-    source = {"format": "timm", "path": str(p.resolve()), "arch": arch, "state_dict_key": key, "timm_table": timm_version()}
-    name = spec.name + (f".{spec.tag}" if spec.tag else "")
-    return Checkpoint(_manifest(cfg, names, dict(spec.preprocess), name, source), state)
+    src = {"format": "timm", "path": str(p.resolve()), "arch": arch, "state_dict_key": key, **source}
+    return Checkpoint(_manifest(cfg, names, pp, name, src), state)
 
 
-def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None, labels: str | Path | None = None) -> Any:
+def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None, labels: str | Path | None = None) -> Checkpoint:
     """A timm model folder as timm's ``save_for_hf``/``push_to_hub`` writes it (and the Hub serves it).
 
     config.json holds ``architecture``, ``model_args`` (timm kwargs over the name's: read with the same mapper as the
@@ -272,6 +301,10 @@ def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None,
     weights = next((d / n for n in ("model.safetensors", "pytorch_model.bin") if (d / n).is_file()), None)
     if weights is None:
         raise VitdeployError(f"{d}: no model.safetensors or pytorch_model.bin beside config.json")
+    entry = table_entry(arch)
+    if entry is not None and entry["family"] in EVA_BEIT:
+        ck = _eva_beit_checkpoint(weights, arch, entry, labels, model_args=model_args, pcfg=pcfg)
+        return _folder_checkpoint(ck, d, cfg_json, pcfg, labels, weights)
     name = f"{arch}.{tag}" if tag and "." not in arch else arch
     try:
         ck = load_timm(weights, name, labels, overrides=model_args)
@@ -282,8 +315,14 @@ def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None,
     if tuple(pp["input_size"]) != tuple(m.model["image_size"]):
         raise VitdeployError(f"{d}: pretrained_cfg input_size {pp['input_size']} differs from the model's {m.model['image_size']}")
     m.preprocess = pp
-    folder_labels(m, cfg_json, pcfg, labels)
-    m.source = {**m.source, "format": "timm-hub", "path": str(d.resolve()), "weights": weights.name}
+    return _folder_checkpoint(ck, d, cfg_json, pcfg, labels, weights)
+
+
+def _folder_checkpoint(ck: Checkpoint, d: Path, cfg_json: dict[str, Any], pcfg: dict[str, Any], labels: str | Path | None,
+                       weights: Path) -> Checkpoint:
+    """A folder's checkpoint, any family: its label names and the folder as the source."""
+    folder_labels(ck.manifest, cfg_json, pcfg, labels)
+    ck.manifest.source = {**ck.manifest.source, "format": "timm-hub", "path": str(d.resolve()), "weights": weights.name}
     return ck
 
 
@@ -295,3 +334,43 @@ def folder_labels(m: Manifest, cfg_json: dict[str, Any], pcfg: dict[str, Any], l
             names = [names[k] for k in sorted(names, key=int)]
         if len(names) == m.num_classes:
             m.labels = [str(n) for n in names]
+
+
+def _eva_beit_checkpoint(
+    p: Path,
+    arch: str,
+    entry: dict[str, Any],
+    labels: str | Path | None,
+    loaded: Any = None,
+    model_args: dict[str, Any] | None = None,
+    pcfg: dict[str, Any] | None = None,
+) -> Checkpoint:
+    """A timm Eva/Beit state dict: its arguments from the generated table under the folder's ``model_args``,
+    its names through the one layout filter (model/layouts.py), its preprocessing from the pretrained cfg."""
+    from vitdeploy.model.layouts import rename_eva_beit
+    from vitdeploy.model.timm_eva import eva_beit_config
+    from vitdeploy.model.weights import _check_fits, _float32, read_tensors
+
+    model_args = dict(model_args or {})
+    defaults = class_args(entry)
+    unknown = sorted(set(model_args) - set(defaults))
+    if unknown:
+        raise VitdeployError(f"{p}: model_args {', '.join(unknown)} are not arguments of timm's {entry['class']}")
+    args = {**defaults, **model_args}
+    cfg = eva_beit_config(entry["class"], args, arch)  # an architecture vitdeploy cannot hold: said before reading
+    sd, key = read_tensors(p, loaded)
+    state = _float32(rename_eva_beit(sd))
+    pcfg = {**entry.get("preprocess", {}), **(pcfg or {})}
+    pp = pp_from_pretrained_cfg({"input_size": (3, *cfg.image_size), **pcfg}, str(p))
+    if args.get("dynamic_img_size") and not cfg.abs_pos_embed:
+        # timm runs it at whatever size the preprocessing makes, its rotary tables computed for that grid
+        try:
+            cfg = cfg.with_(image_size=tuple(pp["input_size"]))
+        except ValueError as e:
+            raise VitdeployError(f"{p}: {e}") from None
+    if tuple(pp["input_size"]) != tuple(cfg.image_size):
+        raise VitdeployError(f"{p}: the preprocessing's input size {pp['input_size']} differs from the model's {list(cfg.image_size)}")
+    n = int(state["head.weight"].shape[0]) if "head.weight" in state else 0
+    cfg = cfg.with_(num_classes=n)
+    _check_fits(state, cfg, str(p))
+    return _checkpoint(p, arch, key, cfg, state, pp, arch, labels, timm_class=entry["class"])
