@@ -157,6 +157,43 @@ def merge_attention_scale(model: onnx.ModelProto) -> int:
     return rewritten
 
 
+def fold_constant_linears(model: onnx.ModelProto) -> int:
+    """A Linear applied to a constant (MatMul of two float32 initializers, then its bias Add) → its value.
+
+    onnxslim cannot fold it (it never sees the large weights), and torch's exporter does not fold MatMul. The one
+    in a ViT is the attention-pooling head's projection of its learned query: folded, no GEMM of a constant is left
+    for the INT8 placement to quantize. Computed in float64 and rounded once (as exact as float32 allows). Returns
+    how many MatMuls were folded; a graph without one is left untouched.
+    """
+    from onnx import TensorProto, numpy_helper
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer if t.data_type == TensorProto.FLOAT}
+    outputs = {o.name for o in g.output}
+    folded: dict[str, np.ndarray] = {}
+    drop: set[int] = set()  # node indices
+    matmuls = 0
+    for k, n in enumerate(g.node):
+        if n.op_type not in ("MatMul", "Add") or len(n.input) != 2 or n.output[0] in outputs:
+            continue
+        if n.op_type == "Add" and not any(i in folded for i in n.input):
+            continue  # only the bias of a folded MatMul
+        if not all(i in inits or i in folded for i in n.input):
+            continue
+        a, b = (folded[i] if i in folded else numpy_helper.to_array(inits[i]).astype(np.float64) for i in n.input)
+        folded[n.output[0]] = np.matmul(a, b) if n.op_type == "MatMul" else a + b
+        drop.add(k)
+        matmuls += n.op_type == "MatMul"
+    if not drop:
+        return 0
+    kept = [n for k, n in enumerate(g.node) if k not in drop]
+    used = {i for n in kept for i in n.input}
+    replace_nodes(g, kept)
+    g.initializer.extend(numpy_helper.from_array(v.astype(np.float32), k) for k, v in folded.items() if k in used)
+    drop_unused_initializers(g)
+    return matmuls
+
+
 def check_graph(model: onnx.ModelProto, workdir: Path) -> None:
     """onnx.checker (full check: strict shape inference too) on a copy that leaves the weights behind.
 

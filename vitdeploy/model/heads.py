@@ -31,7 +31,9 @@ class AttentionPoolLatent(nn.Module):
     def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The pooled vector [B, dim] and, with ``return_attn``, the latent's attention over the tokens [B, heads, 1, N]."""
         B, N, C = x.shape
-        q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, self.num_heads, self.head_dim).transpose(1, 2)
+        # the projection of the (constant) latent before the batch Expand: the export folds it into a constant, so
+        # no GEMM of a constant is left for the INT8 placement to quantize; exact (the same row for every image)
+        q = self.q(self.latent).expand(B, -1, -1).reshape(B, 1, self.num_heads, self.head_dim).transpose(1, 2)
         k, v = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         attn: torch.Tensor | None = None
         if return_attn:

@@ -34,7 +34,15 @@ from vitdeploy.core.fileio import temp_dir_beside
 from vitdeploy.core.loaded import SourceReads
 from vitdeploy.core.manifest import Manifest, set_onnx_manifest, tool_versions
 from vitdeploy.core.targets import TargetFacts, resolve_target
-from vitdeploy.graph.cleanup import check_graph, fix_io, initializer_bytes, merge_attention_scale, node_counts, slim
+from vitdeploy.graph.cleanup import (
+    check_graph,
+    fix_io,
+    fold_constant_linears,
+    initializer_bytes,
+    merge_attention_scale,
+    node_counts,
+    slim,
+)
 
 if TYPE_CHECKING:
     import onnx
@@ -167,11 +175,13 @@ def _load_model(checkpoint: str | Path, arch: str | None, labels: str | Path | N
 
 
 def _clean(m: onnx.ModelProto, manifest: Manifest, opset: int) -> onnx.ModelProto:
-    """onnxslim, one Mul per attention, the requested opset, fixed I/O shapes, and vitdeploy's producer fields."""
+    """onnxslim, a Linear of a constant folded (the MAP head's query), one Mul per attention, the requested opset,
+    fixed I/O shapes, and vitdeploy's producer fields."""
     from vitdeploy import __version__
 
     h, w = manifest.input_size
     slim(m)
+    fold_constant_linears(m)
     merge_attention_scale(m)
     if opset > TORCHSCRIPT_MAX_OPSET:
         from onnx import version_converter
