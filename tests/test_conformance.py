@@ -240,6 +240,40 @@ def test_float32_scales_and_cast_islands_fail_for_trt10(made: Any, tmp_path: Pat
     assert cf.check_int8_intent(m, "trt8.6").ok  # 8.x is weakly typed: float32 scales are what its parser reads
 
 
+def test_a_cast_after_a_float16_quantized_gemm_widens_its_output_and_is_not_an_island() -> None:
+    """Strongly typed TensorRT types a layer from its inputs (NvInfer.h, kSTRONGLY_TYPED): x·W from float16-scaled
+    DQs is an INT8 GEMM with a float16 output whatever reads it; a Cast to float32 after it (the MAP head's LayerNorm,
+    kept in float32, reads its projection directly) is the next layer's. A Cast to float16 after it, a Cast before it,
+    or float32 scales still mean a float32 GEMM."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def graph(scale_type: Any, after: int | None, before: bool = False) -> Any:
+        dt = np.float16 if scale_type == TensorProto.FLOAT16 else np.float32
+        inits = [numpy_helper.from_array(np.ones((4, 4), np.int8), "w_q"),
+                 numpy_helper.from_array(np.array(0.1, dt), "s"), numpy_helper.from_array(np.array(0, np.int8), "z")]
+        nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["x_q"]),
+                 helper.make_node("DequantizeLinear", ["x_q", "s", "z"], ["x_dq"]),
+                 helper.make_node("DequantizeLinear", ["w_q", "s", "z"], ["w_dq"])]
+        if before:  # the dequantized activation cast on its way into the GEMM
+            nodes.append(helper.make_node("Cast", ["x_dq"], ["x_in"], to=TensorProto.FLOAT))
+        nodes.append(helper.make_node("MatMul", ["x_in" if before else "x_dq", "w_dq"], ["y"], name="gemm"))
+        if after is not None:
+            nodes.append(helper.make_node("Cast", ["y"], ["y_cast"], to=after))
+        out = "y_cast" if after is not None else "y"
+        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", scale_type, [1, 4])],
+                              [helper.make_tensor_value_info(out, after or scale_type, [1, 4])], inits)
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+
+    f16, f32 = TensorProto.FLOAT16, TensorProto.FLOAT
+    assert cf.quantized_gemm_casts(graph(f16, None)) == []
+    assert cf.quantized_gemm_casts(graph(f16, f32)) == []  # widened for a float32 LayerNorm
+    assert not cf.check_int8_intent(graph(f16, f32), "trt10").findings
+    assert cf.quantized_gemm_casts(graph(f16, f16)) == ["gemm"]
+    assert cf.quantized_gemm_casts(graph(f32, f16)) == ["gemm"]  # float32 scales: a float32 GEMM cast back down
+    assert cf.quantized_gemm_casts(graph(f32, f32)) == ["gemm"]
+    assert cf.quantized_gemm_casts(graph(f16, None, before=True)) == ["gemm"]
+
+
 def test_float16_scales_fail_for_trt8x() -> None:
     from onnx import TensorProto, helper, numpy_helper
 

@@ -449,24 +449,59 @@ def _consumers(model: Any) -> dict[str, list[Any]]:
     return out
 
 
-def quantized_gemm_casts(model: Any) -> list[str]:
+def _scale_types(model: Any) -> dict[str, int]:
+    """Element type of every initializer and Constant output (where DequantizeLinear scales live), without shape
+    inference."""
+    out = {t.name: t.data_type for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    out[n.output[0]] = a.t.data_type
+    return out
+
+
+def quantized_gemm_casts(model: Any, types: dict[str, int] | None = None) -> list[str]:
     """Casts next to a quantized MatMul/Gemm (an input from DequantizeLinear): FP32 islands a strongly typed
-    build keeps in float32 (issue 14, defect 2). Returns the GEMMs' names."""
+    build keeps in float32 (issue 14, defect 2). Returns the GEMMs' names.
+
+    A strongly typed network types every layer from its inputs ("Every tensor in the network has a data type defined
+    ... following only type inference rules and the inputs/operator annotations"; "the computation precision is
+    typically controlled by casting the input tensors": NvInfer.h, NetworkDefinitionCreationFlag::kSTRONGLY_TYPED and
+    ILayer::setPrecision, TensorRT release/10.3, 10.16, 11.1). So a Cast *before* a quantized GEMM, or a GEMM whose
+    DequantizeLinear scales are float32 (its DQ outputs, hence the GEMM, float32), is a float32 GEMM. A Cast *after*
+    a GEMM fed by float16 DequantizeLinears only widens its float16 result for the next layer (a LayerNorm kept in
+    float32, as the attention-pooling head's norm reads its projection directly): the GEMM itself stays INT8 with a
+    float16 output, and is not reported."""
+    from onnx import TensorProto
+
     prod, cons = _producers(model), _consumers(model)
+    types = types if types is not None else _scale_types(model)
+    narrow = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
     out = []
     for n in model.graph.node:
         if n.op_type not in ("MatMul", "Gemm"):
             continue
         ins = [prod.get(i) for i in n.input[:2]]
-        if not any(p is not None and p.op_type == "DequantizeLinear" for p in ins):
+        dqs = [p for p in ins if p is not None and p.op_type == "DequantizeLinear"]
+        if not dqs:
             continue
         casts_in = any(p is not None and p.op_type == "Cast" for p in ins) or any(
             p is not None and p.op_type == "DequantizeLinear" and prod.get(p.input[0]) is not None
             and prod[p.input[0]].op_type == "Cast" for p in ins)
-        casts_out = any(c.op_type == "Cast" for c in cons.get(n.output[0], []))
+        # float16 typed: every input from a float16-scaled DQ (an input not from a DQ, a float32 or unknown scale:
+        # judged float32, as before)
+        f16_gemm = all(p is not None and p.op_type == "DequantizeLinear" and len(p.input) > 1
+                       and types.get(p.input[1]) in narrow for p in ins)
+        casts = [c for c in cons.get(n.output[0], []) if c.op_type == "Cast"]
+        casts_out = any(not f16_gemm or _cast_to(c) in narrow for c in casts)
         if casts_in or casts_out:
             out.append(n.name or n.output[0])
     return out
+
+
+def _cast_to(node: Any) -> int | None:
+    return next((int(a.i) for a in node.attribute if a.name == "to"), None)
 
 
 def check_int8_intent(model: Any, target: str, subject: str | None = None) -> Report:
@@ -487,7 +522,7 @@ def check_int8_intent(model: Any, target: str, subject: str | None = None) -> Re
             continue
         f16 = row_fact(row, "fp16_dq_scales", unc)
         src = trt_table.source(row, "strongly_typed")
-        for name in quantized_gemm_casts(model):
+        for name in quantized_gemm_casts(model, types):
             rep.findings.append(Finding("precision", f"GEMM {name}", "Cast next to a quantized GEMM: a strongly typed "
                                         "build keeps this layer in float32", row, src))
         scales = {ONNX_TYPES.get(types.get(n.input[1], 0), "") for n in dqs if len(n.input) > 1}
