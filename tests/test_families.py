@@ -143,6 +143,39 @@ def test_int8_covers_every_gemm_and_every_artifact_passes_each_tensorrt_line(nam
         assert not found, found
 
 
+def test_the_map_heads_query_projection_is_a_constant_in_the_export(tmp_path: Path) -> None:
+    """The learned query's q projection (weight and a non-zero bias) folds to one constant: no MatMul or Add of the
+    graph reads only initializers, and the ONNX logits still equal the torch model's."""
+    import onnxruntime as ort
+    import torch
+
+    from vitdeploy.core.artifact import OnnxArtifact
+    from vitdeploy.core.manifest import Manifest
+    from vitdeploy.model.vit import VisionTransformer, get_preset
+    from vitdeploy.stages.export import _clean, _torch_export
+
+    p = get_preset("vit-digits")
+    torch.manual_seed(0)
+    net = VisionTransformer(p.config.with_(embed_dim=32, depth=1, num_heads=2, **knobs("siglip"))).eval()
+    with torch.no_grad():
+        for name, t in net.named_parameters():
+            if name.endswith("bias"):
+                t.normal_(0, 0.5)
+    man = Manifest(model=net.cfg.to_dict(), labels=[str(i) for i in range(10)], preprocess=dict(p.preprocess),
+                   name="digits-siglip")
+    m = _clean(_torch_export(net, tmp_path, 32, 32, 17), man, 17)
+    inits = {t.name for t in m.graph.initializer}
+    assert not [n.name for n in m.graph.node if n.op_type in ("MatMul", "Add") and set(n.input) <= inits]
+    assert any(n.op_type == "Expand" and n.input[0] in inits for n in m.graph.node)  # the folded query, batched
+    out = tmp_path / "m.onnx"
+    OnnxArtifact.write(m, man.derive(precision="fp32"), out)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        ref = net(x).numpy()
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"pixel_values": x.numpy()})[0]
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * float(np.abs(ref).max()))
+
+
 def test_the_map_reads_what_each_head_reads_and_leaves_the_prefix_tokens_out() -> None:
     """Hand-made attention over [cls, dist, reg, p0, p1]: each readout's patch relevance, by hand."""
     from vitdeploy.model.family import TokenLayout
