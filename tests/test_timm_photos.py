@@ -182,3 +182,28 @@ def test_timm_state_dict_with_arch_infers_timms_probabilities_on_photos(
     del model
     ours = vitdeploy_probs(tmp_path / "weights.pth", photo_files, tmp_path, arch=name)
     _check(name, "--arch", ours, ref, figures)
+
+
+def test_timm_folder_pretrained_cfg_read_as_timm_reads_it(tmp_path: Path) -> None:
+    """Null fields take timm's defaults (resolve_data_config: crop_pct 0.875, center, bicubic); a value no transform
+    can use is one line naming it, exit 1, and no checkpoint written (not an error on first use of the checkpoint)."""
+    from timm.models._hub import save_for_hf
+
+    from vitdeploy.model.importers import load_any
+
+    save_for_hf(timm.create_model("deit_tiny_patch16_224", pretrained=False, depth=1, num_classes=N_CLS), tmp_path / "hf")
+    cfg_file = tmp_path / "hf" / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["pretrained_cfg"].update(crop_pct=None, crop_mode=None, interpolation=None)
+    cfg_file.write_text(json.dumps(cfg))
+    pp = load_any(tmp_path / "hf").manifest.pp()
+    assert (pp.crop_pct, pp.resize_mode, pp.interpolation) == (0.875, "shorter", "bicubic")
+    for field, value, said in (("interpolation", "area", "interpolation must be one of"), ("std", [0.2, 0.0, 0.2], "std"),
+                               ("crop_mode", "border", "crop_mode 'border'")):
+        bad = json.loads(json.dumps(cfg))
+        bad["pretrained_cfg"][field] = value
+        cfg_file.write_text(json.dumps(bad))
+        out = tmp_path / f"{field}.pth"
+        r = CliRunner().invoke(app, ["import", str(tmp_path / "hf"), "-o", str(out)])
+        assert r.exit_code == 1 and said in r.output and "Traceback" not in r.output, r.output
+        assert not out.exists()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.manifest import Manifest
+from vitdeploy.core.preprocess import Preprocess
 from vitdeploy.model.presets import ViTConfig
 
 if TYPE_CHECKING:  # torch behind it: imported where a checkpoint is made
@@ -161,21 +163,33 @@ class TimmArch:
 
 def pp_from_pretrained_cfg(pcfg: dict[str, Any], where: str) -> dict[str, Any]:
     """A timm pretrained cfg (input_size, interpolation, crop_pct, crop_mode, mean, std) as a vitdeploy Preprocess
-    dict. Eval transform (timm/data/transforms_factory.py): resize the shorter side to size / crop_pct, center crop;
-    crop_mode squash resizes both sides."""
-    _, h, w = (int(v) for v in pcfg.get("input_size", (3, 224, 224)))
+    dict, read as timm's resolve_data_config reads it (a missing or null field takes timm's default). Eval transform
+    (timm/data/transforms_factory.py): center resizes the shorter side to size / crop_pct and center-crops; squash
+    resizes both sides to size / crop_pct and center-crops (vitdeploy's squash_crop)."""
+    _, h, w = (int(v) for v in pcfg.get("input_size") or (3, 224, 224))
     mode = pcfg.get("crop_mode") or "center"
     if mode not in ("center", "squash"):
         raise VitdeployError(f"{where}: crop_mode {mode!r} has no vitdeploy equivalent (center or squash)")
-    return {
+    crop_pct = float(pcfg.get("crop_pct") or 0.875)
+    mean = [float(v) for v in pcfg.get("mean") or (0.485, 0.456, 0.406)]
+    std = [float(v) for v in pcfg.get("std") or (0.229, 0.224, 0.225)]
+    if not (crop_pct > 0 and all(math.isfinite(v) for v in mean + std) and min(std) > 0):
+        raise VitdeployError(f"{where}: pretrained_cfg crop_pct {crop_pct}, mean {mean}, std {std}: crop_pct and every "
+                             "std must be above 0, every number finite; fix the config")
+    pp: dict[str, Any] = {
         "input_size": [h, w],
-        "resize_mode": "shorter" if mode == "center" else "squash",
-        "crop_pct": float(pcfg.get("crop_pct", 0.875)),
-        "interpolation": str(pcfg.get("interpolation", "bicubic")),
-        "mean": [float(v) for v in pcfg.get("mean", (0.485, 0.456, 0.406))],
-        "std": [float(v) for v in pcfg.get("std", (0.229, 0.224, 0.225))],
+        "resize_mode": "shorter" if mode == "center" else "squash_crop",
+        "crop_pct": crop_pct,
+        "interpolation": str(pcfg.get("interpolation") or "bicubic"),
+        "mean": mean,
+        "std": std,
         "channel_order": "RGB",
     }
+    try:  # refused here, before anything is written, not when the written checkpoint is first used
+        Preprocess.from_dict(pp)
+    except ValueError as e:
+        raise VitdeployError(f"{where}: pretrained_cfg {e}") from None
+    return pp
 
 
 def timm_arch(name: str, overrides: dict[str, Any] | None = None) -> TimmArch:
