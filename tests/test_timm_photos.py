@@ -3,11 +3,11 @@ probabilities, judged by timm's own eval transform (``resolve_data_config`` + ``
 and forward pass.
 
 Each model keeps its real image size, patch and pretrained cfg (the preprocessing is what this test is about) and
-comes two ways, as users save it: a ``save_for_hf`` folder of a 2-block copy (all ten models), and a bare state dict
-of the full named architecture imported with ``--arch`` (its preprocessing read from the table generated from timm's
-registrations; a full-size model costs up to ~40 CPU-s, so CI runs the four smallest and VITDEPLOY_SLOW=1
-runs all ten). Weights are random and perturbed, the head scaled so that the probabilities are far
-from uniform, and a control shows that a wrong crop moves them by much more than the bound.
+comes two ways, as users save it: a ``save_for_hf`` folder of a narrow 2-block copy (all ten models, and two
+geometries none of them uses by default), and a bare state dict of the full named architecture imported with
+``--arch`` (its preprocessing read from the table generated from timm's registrations; a full-size model costs up to
+~40 CPU-s, so CI runs three and VITDEPLOY_SLOW=1 runs all ten). Weights are random and perturbed, the head scaled so
+that the probabilities are far from uniform, and a control shows that another crop moves them far beyond the bound.
 
 ``pytest -s tests/test_timm_photos.py`` prints one line per model: ``name: max|dp| X (folder), Y (--arch)``.
 """
@@ -45,10 +45,10 @@ MODELS = [
 N_CLS = 5
 LABELS = [f"class_{i}" for i in range(N_CLS)]
 TOL = 2e-3  # the issue's bound on |p_vitdeploy - p_timm|
-# Full-size --arch cases cheap enough for CI, two from each name table (timm_archs.json, timm_eva_beit.json); the
-# others (DINOv2 at 518 px; 38-88M parameters to build, save and load) run with VITDEPLOY_SLOW=1.
-ARCH_IN_CI = {"deit_tiny_distilled_patch16_224", "deit3_small_patch16_224", "eva02_tiny_patch14_224",
-              "vit_small_patch16_dinov3"}
+# Full-size --arch cases cheap enough for CI, one from each name table (timm_archs.json, timm_eva_beit.json) and
+# DINOv3, whose input size comes from its pretrained cfg, not its model kwargs; the others (22-88M parameters to build,
+# save and load, DINOv2 at 518 px) run with VITDEPLOY_SLOW=1.
+ARCH_IN_CI = {"deit_tiny_distilled_patch16_224", "eva02_tiny_patch14_224", "vit_small_patch16_dinov3"}
 ARCH_CASES = [n if n in ARCH_IN_CI else pytest.param(n, marks=pytest.mark.skipif(
     not os.environ.get("VITDEPLOY_SLOW"), reason="full-size timm model: set VITDEPLOY_SLOW=1")) for n in MODELS]
 
