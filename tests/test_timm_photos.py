@@ -207,3 +207,24 @@ def test_timm_folder_pretrained_cfg_read_as_timm_reads_it(tmp_path: Path) -> Non
         r = CliRunner().invoke(app, ["import", str(tmp_path / "hf"), "-o", str(out)])
         assert r.exit_code == 1 and said in r.output and "Traceback" not in r.output, r.output
         assert not out.exists()
+
+
+def test_non_square_resize_is_timms_to_the_byte() -> None:
+    """A non-square input (timm's ResizeKeepRatio): vitdeploy's resize and crop, run.py's and timm's give the same
+    bytes, at photo sizes where scaling by max(rh / ih, rw / iw) instead of dividing by timm's min ratio lands one
+    pixel off (144x261 → 248x449, not 450)."""
+    from helpers import load_run_py
+    from skimage import data
+    from timm.data import create_transform
+
+    from vitdeploy.core.preprocess import Preprocess, resize_crop
+
+    run_py = load_run_py(Path(__file__).resolve().parents[1] / "vitdeploy" / "stages" / "bundle_files" / "run.py")
+    pp = {"input_size": [224, 160], "resize_mode": "shorter", "crop_pct": 0.9, "interpolation": "bicubic",
+          "mean": [0.5] * 3, "std": [0.5] * 3, "channel_order": "RGB"}
+    t = create_transform(input_size=(3, 224, 160), crop_pct=0.9, interpolation="bicubic", normalize=False)
+    for name, (w, h) in (("astronaut", (261, 144)), ("coffee", (225, 240)), ("chelsea", (645, 240))):
+        img = Image.fromarray(getattr(data, name)()).convert("RGB").resize((w, h))
+        want = t(img).numpy().transpose(1, 2, 0)
+        assert np.array_equal(np.asarray(resize_crop(img, Preprocess.from_dict(pp))), want), name
+        assert np.array_equal(np.asarray(run_py.resize_crop(img, pp)), want), name

@@ -176,9 +176,9 @@ def resize_crop(img: Image.Image, pp: Preprocess) -> Image.Image:
         short, long = (iw, ih) if iw <= ih else (ih, iw)
         new_short, new_long = rh, int(rh * long / short)
         nw, nh = (new_short, new_long) if iw <= ih else (new_long, new_short)
-    else:
-        scale = max(rh / ih, rw / iw)
-        nw, nh = max(rw, round(iw * scale)), max(rh, round(ih * scale))
+    else:  # timm's ResizeKeepRatio, its arithmetic to the last bit: the side that fits first sets the ratio
+        ratio = min(ih / rh, iw / rw)
+        nw, nh = round(iw / ratio), round(ih / ratio)
     if (nw, nh) != (iw, ih):
         img = img.resize((nw, nh), interp)
     if pp.crop_offset == "floor":

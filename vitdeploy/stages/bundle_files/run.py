@@ -165,9 +165,9 @@ def resize_crop(img: Any, pp: dict) -> Any:
         short, long = (iw, ih) if iw <= ih else (ih, iw)
         new_short, new_long = rh, int(rh * long / short)
         nw, nh = (new_short, new_long) if iw <= ih else (new_long, new_short)
-    else:
-        scale = max(rh / ih, rw / iw)
-        nw, nh = max(rw, round(iw * scale)), max(rh, round(ih * scale))
+    else:  # timm's ResizeKeepRatio: the side that fits first sets the ratio
+        ratio = min(ih / rh, iw / rw)
+        nw, nh = round(iw / ratio), round(ih / ratio)
     if (nw, nh) != (iw, ih):
         img = img.resize((nw, nh), mode)
     if pp.get("crop_offset", "round") == "floor":  # transformers' centre crop rounds the offset down

@@ -401,10 +401,10 @@ Image resize_crop(const Image& img_in, const Config& cfg) {
     int new_short = rh, new_long = static_cast<int>(static_cast<double>(rh * static_cast<long long>(longer)) / shorter);
     if (iw <= ih) nw = new_short, nh = new_long;
     else nw = new_long, nh = new_short;
-  } else {
-    double scale = std::max(static_cast<double>(rh) / ih, static_cast<double>(rw) / iw);
-    nw = std::max(rw, static_cast<int>(std::nearbyint(iw * scale)));  // Python's round: half to even
-    nh = std::max(rh, static_cast<int>(std::nearbyint(ih * scale)));
+  } else {  // timm's ResizeKeepRatio: the side that fits first sets the ratio
+    double ratio = std::min(static_cast<double>(ih) / rh, static_cast<double>(iw) / rw);
+    nw = static_cast<int>(std::nearbyint(iw / ratio));  // Python's round: half to even
+    nh = static_cast<int>(std::nearbyint(ih / ratio));
   }
   Image img = (nw != iw || nh != ih) ? pil_resize(img_in, nw, nh, cfg.interpolation, cfg.resample_order) : img_in;
   int top = static_cast<int>(std::nearbyint((nh - h) / 2.0)), left = static_cast<int>(std::nearbyint((nw - w) / 2.0));
