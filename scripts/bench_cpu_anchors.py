@@ -5,11 +5,12 @@
 The model is vit-small/16 at 224 with random weights (speed does not depend on the weights' values) and
 random calibration images; accuracy is measured elsewhere (README "calibrate --target ort"). Rows:
 ONNX Runtime and OpenVINO on the FP32 export, on our INT8 for TensorRT (the default placement) and on our
-INT8 for the CPU (``calibrate(target="ort")``), and OpenVINO on NNCF's INT8 (``nncf.quantize``,
+INT8 with our own CPU placement (``calibrate(target="cpu", quantizer="vitdeploy")``) and the CPU INT8 as
+``calibrate -t cpu`` makes it (NNCF's scheme on the ONNX graph), and OpenVINO on NNCF's INT8 (``nncf.quantize``,
 ModelType.TRANSFORMER, the same calibration images) with OpenVINO's default precision (bfloat16 float parts
 where the CPU has AVX512-BF16/AMX) and with f32 (as our runner runs our graphs). Each row runs in its own
 process (ONNX Runtime's and OpenVINO's thread pools slow each other in one), the rows' rounds alternate,
-and the ratios are taken within the run. nncf is a dev-only dependency (the `dev` extra).
+and the ratios are taken within the run. nncf is in the `cpu` extra.
 """
 
 from __future__ import annotations
@@ -19,31 +20,17 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 
-def worker_main(argv: list[str]) -> int:
-    """A benchmark worker for an OpenVINO IR (NNCF's model), speaking tools/bench_worker.py's protocol."""
-    import json
+def anchor_worker(xml: Path, threads: int, hint: str) -> Any:
+    """NNCF's IR as a row (tools/bench_worker.py serves an OpenVINO IR: the same row `benchmark --versus nncf` shows)."""
+    from vitdeploy.tools.bench import Worker
 
-    import openvino as ov
-
-    from vitdeploy.tools.bench_worker import peak_rss_mb, protocol_streams, serve
-
-    xml, threads, hint = argv[0], int(argv[1]), argv[2]
-    out = protocol_streams()
-    core = ov.Core()
-    cfg: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}
-    if hint != "default":
-        cfg["INFERENCE_PRECISION_HINT"] = hint
-    compiled = core.compile_model(core.read_model(xml), "CPU", cfg)
-    req = compiled.create_infer_request()
-    out.write(json.dumps({"ready": True, "backend": "openvino", "precision": f"nncf-int8 ({hint})", "artifact": xml,
-                          "peak_rss_mb": peak_rss_mb()}) + "\n")
-    out.flush()
-    serve(lambda x: req.infer({0: x}), (224, 224), out, sys.stdin)
-    return 0
+    return Worker([sys.executable, "-m", "vitdeploy.tools.bench_worker", str(xml), "openvino", str(threads), hint,
+                   f"nncf-int8 ({hint})", "224", "224"])
 
 
 def build(folder: Path, calib_images: int, seed: int) -> dict[str, Path]:
@@ -66,8 +53,13 @@ def build(folder: Path, calib_images: int, seed: int) -> dict[str, Path]:
     out = {"fp32": fp32, "int8-trt": folder / "model.int8-trt.onnx", "int8-ort": folder / "model.int8-ort.onnx"}
     if not out["int8-trt"].exists():
         calibrate(fp32, images=calib, out=out["int8-trt"], num_images=calib_images, batch_size=8, seed=seed)
-    if not out["int8-ort"].exists():
-        calibrate(fp32, images=calib, out=out["int8-ort"], num_images=calib_images, batch_size=8, seed=seed, target="ort")
+    if not out["int8-ort"].exists():  # our own CPU placement (Q·Kᵀ quantized), not NNCF's
+        calibrate(fp32, images=calib, out=out["int8-ort"], num_images=calib_images, batch_size=8, seed=seed,
+                  target="cpu", quantizer="vitdeploy")
+    out["int8-cpu"] = folder / "model.cpu.int8.onnx"
+    if not out["int8-cpu"].exists():  # the CPU INT8 as `calibrate -t cpu` makes it: NNCF's scheme on the ONNX graph
+        calibrate(fp32, images=calib, out=out["int8-cpu"], num_images=calib_images, batch_size=8, seed=seed,
+                  target="cpu")
     xml = folder / "nncf.int8.xml"
     if not xml.exists():
         import nncf
@@ -83,8 +75,6 @@ def build(folder: Path, calib_images: int, seed: int) -> dict[str, Path]:
 
 
 def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        return worker_main(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--folder", type=Path, help="keep (and reuse) the artifacts here")
     ap.add_argument("--batch-sizes", default="8,1")
@@ -105,13 +95,13 @@ def main() -> int:
             ("ORT FP32", Worker.for_row(arts["fp32"], "onnxruntime", threads, "cpu")),
             ("OpenVINO FP32", Worker.for_row(arts["fp32"], "openvino", threads, "cpu")),
             ("ORT INT8 (ours, trt placement)", Worker.for_row(arts["int8-trt"], "onnxruntime", threads, "cpu")),
-            ("ORT INT8 (ours, --target ort)", Worker.for_row(arts["int8-ort"], "onnxruntime", threads, "cpu")),
+            ("ORT INT8 (ours, own CPU placement)", Worker.for_row(arts["int8-ort"], "onnxruntime", threads, "cpu")),
             ("OpenVINO INT8 (ours, trt placement)", Worker.for_row(arts["int8-trt"], "openvino", threads, "cpu")),
-            ("OpenVINO INT8 (ours, --target ort)", Worker.for_row(arts["int8-ort"], "openvino", threads, "cpu")),
-            ("OpenVINO NNCF INT8 (OV default precision)",
-             Worker([sys.executable, __file__, "--worker", str(arts["nncf"]), str(threads), "default"])),
-            ("OpenVINO NNCF INT8 (f32 float parts)",
-             Worker([sys.executable, __file__, "--worker", str(arts["nncf"]), str(threads), "f32"])),
+            ("OpenVINO INT8 (ours, own CPU placement)", Worker.for_row(arts["int8-ort"], "openvino", threads, "cpu")),
+            ("ORT INT8 (ours, -t cpu: NNCF's scheme)", Worker.for_row(arts["int8-cpu"], "onnxruntime", threads, "cpu")),
+            ("OpenVINO INT8 (ours, -t cpu: NNCF's scheme)", Worker.for_row(arts["int8-cpu"], "openvino", threads, "cpu")),
+            ("OpenVINO NNCF INT8 (OV default precision)", anchor_worker(arts["nncf"], threads, "default")),
+            ("OpenVINO NNCF INT8 (f32 float parts)", anchor_worker(arts["nncf"], threads, "f32")),
         ]
         try:
             for name, w in rows:
@@ -135,8 +125,9 @@ def main() -> int:
                 print(f"  / ORT FP32                                   = {ours / base:.2f}x")
                 print(f"  / OpenVINO NNCF INT8 (OV default precision)  = {ours / ips['OpenVINO NNCF INT8 (OV default precision)']:.2f}x")
                 print(f"  / OpenVINO NNCF INT8 (f32 float parts)       = {ours / ips['OpenVINO NNCF INT8 (f32 float parts)']:.2f}x")
-                cpu = ips["OpenVINO INT8 (ours, --target ort)"] / ips["OpenVINO INT8 (ours, trt placement)"]
-                print(f"  OpenVINO: --target ort / trt placement       = {cpu:.2f}x")
+                cpu = ips["OpenVINO INT8 (ours, -t cpu: NNCF's scheme)"]
+                print(f"  OpenVINO -t cpu / NNCF INT8 (OV default)     = {cpu / ips['OpenVINO NNCF INT8 (OV default precision)']:.2f}x")
+                print(f"  OpenVINO -t cpu / ORT FP32                   = {cpu / base:.2f}x")
         finally:
             for _, w in rows:
                 w.close()

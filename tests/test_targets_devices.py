@@ -27,7 +27,7 @@ def vitdeploy(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(("name", "line"), [
     ("jetpack5.1", "trt8.5"), ("JetPack 6.0", "trt8.6"), ("jp6.1", "trt10"), ("jetpack6.2-orin-nano", "trt10"),
     ("Jetson AGX Orin, JetPack 6.1", "trt10"), ("jetpack7.0", "trt10"), ("thor", "trt10"), ("trt10.3", "trt10"),
-    ("tensorrt 8.6", "trt8.6"), ("trt11", "trt11"), ("ort", "ort"), ("jetpack5.1.4 xavier-nx", "trt8.5"),
+    ("tensorrt 8.6", "trt8.6"), ("trt11", "trt11"), ("ort", "cpu"), ("cpu", "cpu"), ("openvino", "openvino"), ("jetpack5.1.4 xavier-nx", "trt8.5"),
 ])
 def test_device_names_resolve_to_the_tensorrt_line_their_jetpack_ships(name: str, line: str) -> None:
     facts = resolve_target(name)

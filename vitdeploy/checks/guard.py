@@ -19,7 +19,7 @@ import numpy as np
 from vitdeploy.checks.metrics import compare, top_k_accuracy
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.core.manifest import Manifest
-from vitdeploy.graph.quantize import SwitchableQDQ
+from vitdeploy.graph.quantize import LayerSwitch
 from vitdeploy.runners.base import Runner
 
 SENSITIVITY_IMAGES = 256
@@ -155,7 +155,7 @@ class GuardResult:
 
 
 def guard(
-    switch: SwitchableQDQ,
+    switch: LayerSwitch,
     ev: EvalSet,
     fp32_logits: np.ndarray,
     max_drop: float | None,

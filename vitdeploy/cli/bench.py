@@ -54,6 +54,7 @@ def benchmark(
     device: str = typer.Option("cpu", help="cpu or cuda, for torch and ONNX Runtime rows (engines always run on the GPU)."),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Write {\"results\": [...], \"machine\", \"versions\", ...} to FILE ('-': stdout, without the table)."),
     keep: Optional[Path] = typer.Option(None, help="With --preset: keep the generated artifacts in this folder."),
+    versus: Optional[str] = typer.Option(None, help="nncf: also measure OpenVINO on NNCF's INT8 of the FP32 ONNX, made in this run, and print each INT8 row's ratio to it (needs nncf and openvino)."),
 ) -> None:
     """Latency p50/p90/p99, images/s and peak memory of each artifact on each backend, with ratios.
 
@@ -97,9 +98,9 @@ def benchmark(
             prog.update(task, description=msg)
 
         if preset:
-            rep = benchmark_preset(preset, sizes, backs, warmup, iterations, seconds, threads, device, keep, say)
+            rep = benchmark_preset(preset, sizes, backs, warmup, iterations, seconds, threads, device, keep, say, versus)
         else:
-            rep = run_benchmark(models or [], sizes, backs, warmup, iterations, seconds, threads, device, say)
+            rep = run_benchmark(models or [], sizes, backs, warmup, iterations, seconds, threads, device, say, versus)
     for n in rep.notes:
         err_console.print(f"note: {n}", highlight=False)
     if to_stdout:
@@ -110,8 +111,13 @@ def benchmark(
                   + (f", GPU {', '.join(m['gpu'])}" if m["gpu"] else ""), highlight=False)
     console.print(format_table(rep.results), highlight=False, soft_wrap=True)
     for q in rep.ratios:
+        if q.get("versus"):
+            continue
         console.print(f"batch {q['batch']}: {q['row']} ({Path(q['row_artifact']).name}) / {q['vs']} "
                       f"({Path(q['vs_artifact']).name}) = {q['ratio']:.2f}x", highlight=False, soft_wrap=True)
+    for q in (q for q in rep.ratios if q.get("versus")):
+        console.print(f"batch {q['batch']}: ours / NNCF: {q['row']} ({Path(q['row_artifact']).name}) / {q['vs']} "
+                      f"(NNCF's INT8) = {q['ratio']:.2f}x", highlight=False, soft_wrap=True)
     console.print(f"settings: torch {rep.settings['torch']}; onnxruntime {rep.settings['onnxruntime']}; "
                   f"openvino {rep.settings['openvino']}; {rep.settings['isolation']}", highlight=False, soft_wrap=True)
     if json_file is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from vitdeploy.core.limits import Bounds, bounds, range_message
 
-TARGET_NAMES = ("trt8.5, trt8.6, trt10, trt11 (or a version: trt10.3), ort (a CPU), or the device: a JetPack "
+TARGET_NAMES = ("trt8.5, trt8.6, trt10, trt11 (or a version: trt10.3), cpu (old name ort) or openvino (a CPU), or the device: a JetPack "
                 "(jetpack5.1 … jetpack7.2, 'JetPack 6.1', jp6.1) and/or a Jetson module (agx-orin, orin-nx, "
                 "orin-nano, agx-xavier, xavier-nx, thor), e.g. jetpack6.1-orin-nano")
 JSON_HELP = "Write the results as JSON to FILE ('-': stdout alone, without the table)."

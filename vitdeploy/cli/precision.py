@@ -28,9 +28,9 @@ def calibrate(
     eval_dir: Optional[Path] = typer.Option(None, "--eval", help="Labeled ImageFolder (or one with val/) to measure FP32 vs INT8 top-1 on."),
     min_agreement: Optional[float] = typer.Option(None, "--min-agreement", **bounded("fraction"), help="With --eval: also keep layers in float until INT8's top-1 agrees with FP32's on at least this fraction (e.g. 0.99)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=f"What the INT8 model is made for: {TARGET_NAMES}. trt10/trt11: "
-                                         "float16 Q/DQ scales and GEMMs, opset 19; ort also quantizes Q·Kᵀ. Default: the model's target, "
+                                         "float16 Q/DQ scales and GEMMs, opset 19; cpu/openvino: NNCF's INT8 (pip install nncf) with the guard on top. Default: the model's target, "
                                          "else none (float32 scales: TensorRT 8.x and CPUs)."),
-    backend: str = typer.Option("auto", "--backend", help="With --eval: where the INT8 model is measured: auto (the TensorRT oracle for a TensorRT target, else onnxruntime), onnxruntime, openvino or oracle."),
+    backend: str = typer.Option("auto", "--backend", help="With --eval: where the INT8 model is measured: auto (the TensorRT oracle for a TensorRT target, openvino for -t openvino, else onnxruntime), onnxruntime, openvino or oracle."),
     smooth: str = typer.Option("auto", "--smooth", help="SmoothQuant-style migration of wide LayerNorm channels into the next weights (exact in FP32): auto (strength 0.5 where a channel spread exceeds 16), off, or a strength 0-1."),
 ) -> None:
     """Quantize an ONNX model to INT8 (explicit Q/DQ, the form TensorRT 8.5–11 builds) from calibration images.
@@ -71,6 +71,8 @@ def calibrate(
         err_console.print(styled("warning:", "yellow", w), highlight=False)
     q = result.manifest.extra["quantization"]
     ranges = f"ranges reused from {result.cache.name}" if result.cache_reused else f"ranges cached in {result.cache.name}"
+    if q.get("quantizer") == "nncf":
+        ranges = f"NNCF {q.get('nncf')}'s transformer scheme"
     console.print(
         f"INT8 ({q['method']}, {result.images} images, {len(result.quantized)} layers quantized, "
         f"unquantized parts {q['float_type']}; {ranges}) → {result.path}",

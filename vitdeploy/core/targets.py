@@ -1,7 +1,8 @@
 """What an artifact is made for: a TensorRT line's parser and builder, or a CPU runtime.
 
 ``trt8.5`` … ``trt11`` name what that TensorRT accepts (opset, LayerNormalization, float16 scales, strong typing,
-precision flags, DLA, trtexec flags); ``ort`` is a CPU (ONNX Runtime / OpenVINO: float32 float parts). The graph
+precision flags, DLA, trtexec flags); ``cpu`` is a CPU (ONNX Runtime or OpenVINO: float32 float parts; ``ort`` is its
+old name) and ``openvino`` a CPU where OpenVINO runs the model (the same graph; the accuracy guard judges it there). The graph
 layer reads these facts to decide how to write an artifact; they are derived from the version table
 (core/trt_table.py over trt_facts.json, each fact with its source). Nothing here imports anything heavy.
 """
@@ -15,8 +16,10 @@ from typing import Any
 from vitdeploy.core import trt_table
 from vitdeploy.core.devices import DeviceFacts, known_names, parse_device
 
-TARGETS: tuple[str, ...] = ("trt8.5", "trt8.6", "trt10", "trt11", "ort")
-CPU_TARGETS: tuple[str, ...] = ("ort",)
+TARGETS: tuple[str, ...] = ("trt8.5", "trt8.6", "trt10", "trt11", "cpu", "openvino")
+# "ort" is the CPU target's old name: `-t ort` resolves to cpu, and artifacts whose manifests say "ort" stay CPU ones
+CPU_TARGETS: tuple[str, ...] = ("cpu", "openvino", "ort")
+ALIASES: dict[str, str] = {"ort": "cpu"}
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,8 @@ def _from_table(target: str) -> TargetFacts:
 
 def _facts() -> dict[str, TargetFacts]:
     out = {t: _from_table(t) for t in TARGET_ROWS}
-    out["ort"] = TargetFacts("ort", None, True, False, "float32", False, "ONNX Runtime / OpenVINO on a CPU")
+    out["cpu"] = TargetFacts("cpu", None, True, False, "float32", False, "ONNX Runtime / OpenVINO on a CPU")
+    out["openvino"] = dataclasses.replace(out["cpu"], name="openvino", source="OpenVINO on a CPU")
     return out
 
 
@@ -96,14 +100,14 @@ def target_of_version(version: str | tuple[int, ...]) -> str:
 def target_facts(target: str) -> TargetFacts:
     """The facts of a target; a ValueError that lists the valid names for an unknown one."""
     try:
-        return FACTS[target]
+        return FACTS[ALIASES.get(target, target)]
     except KeyError:
         raise ValueError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}") from None
 
 
 def resolve_target(name: str | None) -> TargetFacts | None:
     """The one way a command reads ``--target``: a TensorRT line (trt8.5, trt8.6, trt10, trt11, or a version such as
-    trt10.3), ``ort``, or what users know — a JetPack release and/or a Jetson module (core/devices.py). None for none.
+    trt10.3), ``cpu`` (``ort``), ``openvino``, or what users know — a JetPack release and/or a Jetson module (core/devices.py). None for none.
 
     The facts' ``name`` is always the TensorRT line (what the manifest records); ``device`` keeps what was said.
     An unknown name is UnknownTarget (exit 2) in one line listing the known ones; an impossible pair (a module the
@@ -114,6 +118,7 @@ def resolve_target(name: str | None) -> TargetFacts | None:
     if name is None:
         return None
     key = name.strip().lower()
+    key = ALIASES.get(key, key)
     if key in FACTS:
         return FACTS[key]
     ver = key.removeprefix("tensorrt").removeprefix("trt").strip("-_ ")
@@ -126,7 +131,7 @@ def resolve_target(name: str | None) -> TargetFacts | None:
             pass
     dev = parse_device(name)
     if dev is None:
-        raise UnknownTarget(f"unknown target {name!r}: choose one of {', '.join(TARGETS)} (a TensorRT line, or ort: a CPU), "
+        raise UnknownTarget(f"unknown target {name!r}: choose one of {', '.join(TARGETS)} (a TensorRT line, or cpu / openvino: a CPU), "
                             f"or {known_names()}")
     from vitdeploy.core.devices import jetpack
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -363,6 +363,16 @@ def insert_qdq(
     return m
 
 
+class LayerSwitch(Protocol):
+    """What the accuracy guard needs of an INT8 graph: its layers, and the graph with some of them in float."""
+
+    layers: list[Layer]
+
+    def select(self, excluded: Iterable[str]) -> Any: ...
+
+    def final(self, excluded: Iterable[str]) -> Any: ...
+
+
 class SwitchableQDQ:
     """One Q/DQ graph of every layer, whose layers switch between INT8 and float in place.
 
@@ -444,3 +454,128 @@ def cpu_layers(model: Any, layers: list[Layer], quantize_attention: bool) -> lis
     scores = {la.node for la in attention_score_layers(model, layers)}
     return first_layer_overflow_fix(model, [la for la in layers if la.kind != "attention" or quantize_attention
                                             or la.node in scores])
+
+
+# --- a graph quantized elsewhere (NNCF's): its layers back to float ---------------------------
+
+
+GEMM_OPS = ("MatMul", "Gemm", "Conv")
+LAYOUT_OPS = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten")
+
+
+class QuantizedGraphSwitch:
+    """The guard's switch (SwitchableQDQ's interface) over a graph that arrived quantized, e.g. NNCF's.
+
+    A layer is a MatMul/Gemm/Conv fed by DequantizeLinear; in float it reads, instead, the tensor each DQ stands for
+    (its QuantizeLinear's input: the weights must arrive as float initializer -> Q -> DQ), and its bias as ``original``
+    (the FP32 model) has it where the quantizer changed it (NNCF's bias correction: the Conv's bias input, or the
+    constant of the Add that follows a MatMul). Anything else the quantizer did (SmoothQuant's Mul and scaled weights,
+    exact in FP32) stays, so reverting a layer changes nothing else. ``final`` drops the Q/DQ nodes and initializers
+    no layer reads any more and stores each quantized weight as integers (Q folded), as NNCF itself does.
+    """
+
+    def __init__(self, model: Any, original: Any | None = None) -> None:
+        from onnx import numpy_helper
+
+        self.model = copy.deepcopy(model)
+        ensure_node_names(self.model)
+        graph = self.model.graph
+        producers = {o: n for n in graph.node for o in n.output}
+        consumers: dict[str, list[Any]] = {}
+        for n in graph.node:
+            for t in n.input:
+                consumers.setdefault(t, []).append(n)
+        consts = _constants(self.model)
+        before = _constants(original) if original is not None else {}
+        restored: dict[str, np.ndarray] = {}
+
+        def float_of(t: str) -> str:
+            """The FP32 tensor for ``t``: the original values of a constant the quantizer changed."""
+            if t in consts and t in before and (consts[t].shape != before[t].shape or
+                                                not np.array_equal(consts[t], before[t])):
+                restored[f"{t}_fp32"] = before[t]
+                return f"{t}_fp32"
+            return t
+
+        self.layers: list[Layer] = []
+        self._edits: dict[str, list[tuple[Any, list[str], list[str]]]] = {}
+        for n in graph.node:
+            if n.op_type not in GEMM_OPS:
+                continue
+            fl = list(n.input)
+            edits = []
+            for i, t in enumerate(n.input[:2]):
+                # from the GEMM's input back through layout ops (K's Transpose) to a DequantizeLinear
+                reader, at, dq = n, i, producers.get(t)
+                while dq is not None and dq.op_type in LAYOUT_OPS and dq.input:
+                    reader, at, dq = dq, 0, producers.get(dq.input[0])
+                q = producers.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+                if q is None or q.op_type != "QuantizeLinear":
+                    continue
+                if reader is n:
+                    fl[i] = str(q.input[0])
+                else:
+                    rf = list(reader.input)
+                    rf[at] = str(q.input[0])
+                    edits.append((reader, rf, list(reader.input)))
+            if fl == list(n.input) and not edits:
+                continue
+            if n.op_type in ("Conv", "Gemm") and len(fl) > 2:  # its own bias input
+                fl[2] = float_of(fl[2])
+            edits.insert(0, (n, fl, list(n.input)))
+            for c in consumers.get(n.output[0], []):  # the bias Add after a MatMul
+                if c.op_type == "Add":
+                    cf = [float_of(t) for t in c.input]
+                    if cf != list(c.input):
+                        edits.append((c, cf, list(c.input)))
+            weighted = n.op_type == "Conv" or fl[1] in consts
+            kind = "conv" if n.op_type == "Conv" else "linear" if weighted else "attention"
+            acts = tuple(t for t in fl[:2] if t not in consts)
+            self.layers.append(Layer(n.name, kind, acts, fl[1] if weighted else None))
+            self._edits[n.name] = edits
+        graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in restored.items())
+
+    def select(self, excluded: Iterable[str]) -> Any:
+        """The shared graph with ``excluded`` layers in float and the rest INT8 (valid until the next call)."""
+        out = set(excluded)
+        for name, edits in self._edits.items():
+            for node, fl, q in edits:
+                want = fl if name in out else q
+                if list(node.input) != want:
+                    del node.input[:]
+                    node.input.extend(want)
+        return self.model
+
+    def final(self, excluded: Iterable[str]) -> Any:
+        """A standalone model with ``excluded`` layers in float: the Q/DQ nodes and initializers left unread dropped,
+        and each constant QuantizeLinear folded into an integer initializer (int8 weights on disk)."""
+        from onnx import numpy_helper
+
+        m = copy.deepcopy(self.select(excluded))
+        graph = m.graph
+        outputs = {o.name for o in graph.output}
+        while True:  # drop nodes whose outputs nobody reads (the bypassed Q/DQ chains), until none is left
+            read = {t for n in graph.node for t in n.input} | outputs
+            keep = [n for n in graph.node if any(o in read for o in n.output)]
+            if len(keep) == len(graph.node):
+                break
+            replace_nodes(graph, keep)
+        consts = _constants(m)
+        folded, nodes = [], []
+        for n in graph.node:
+            if n.op_type == "QuantizeLinear" and n.input[0] in consts and len(n.input) > 2 and n.input[2] in consts:
+                x, scale, zp = consts[n.input[0]], consts[n.input[1]], consts[n.input[2]]
+                axis = next((a.i for a in n.attribute if a.name == "axis"), 1)
+                shape = [1] * x.ndim
+                if scale.size > 1:
+                    shape[axis % x.ndim] = -1
+                info = np.iinfo(zp.dtype)
+                q = np.round(x / scale.astype(np.float32).reshape(shape)) + zp.astype(np.float32).reshape(
+                    shape if zp.size > 1 else ())
+                folded.append(numpy_helper.from_array(np.clip(q, info.min, info.max).astype(zp.dtype), n.output[0]))
+                continue
+            nodes.append(n)
+        replace_nodes(graph, nodes)
+        graph.initializer.extend(folded)
+        drop_unused_initializers(graph)
+        return m

@@ -286,7 +286,7 @@ def check_target(target: str | None, manifests: dict[Path, Manifest], models: di
     if facts is not None:
         target = facts.name
         for path, m in manifests.items():
-            if m.target == target:
+            if m.target == target or (m.target is not None and resolve_target(m.target) == facts):  # ort = cpu
                 continue
             model = (models or {}).get(path)
             if model is not None and m.target is None and target in TARGET_ROWS:
@@ -409,7 +409,9 @@ class _RawRunner(Runner):
 def _reference_runner(art: OnnxArtifact, target: str | None) -> Runner:
     """The runner whose logits run.py --check compares the device's engine with: for a TensorRT target the oracle
     (what that TensorRT computes, runners.oracle.runner_for_target), else ONNX Runtime on the CPU."""
-    if target is not None and target not in ("ort",):
+    from vitdeploy.core.targets import CPU_TARGETS
+
+    if target is not None and target not in CPU_TARGETS:
         from vitdeploy.runners.oracle.runner import runner_for_target
 
         return runner_for_target(art.model, target)

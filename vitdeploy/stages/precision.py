@@ -476,6 +476,16 @@ def _quantize(
 
     if eval_dir is None:
         return insert_qdq(model, layers, amax), [], {}, None, None
+    return _guarded(SwitchableQDQ(model, layers, amax), model, manifest, eval_dir, max_drop, min_agreement, progress,
+                    backend, target, ev)
+
+
+def _guarded(
+    switch: Any, model: Any, manifest: Manifest, eval_dir: str | Path, max_drop: float | None,
+    min_agreement: float | None, progress: Progress | None, backend: str, target: str | None, ev: Any,
+) -> tuple[Any, list[str], dict[str, Any], dict[str, Any] | None, Any]:
+    """The guard over an INT8 graph whose layers ``switch`` turns back to float (ours or NNCF's), judged against the
+    FP32 ``model`` on ``backend``; as ``_quantize`` returns."""
     from vitdeploy.checks.guard import guard, load_eval_set, logits, runner_factory
 
     if progress:
@@ -483,7 +493,7 @@ def _quantize(
     ev = ev if ev is not None else load_eval_set(eval_dir, manifest)
     ref = logits(model, ev.x)
     factory = runner_factory(backend, manifest, target)
-    qmodel, g = guard(SwitchableQDQ(model, layers, amax), ev, ref, max_drop, progress, min_agreement, factory=factory)
+    qmodel, g = guard(switch, ev, ref, max_drop, progress, min_agreement, factory=factory)
     info = g.to_dict()
     info["eval"] = str(Path(eval_dir))
     info["backend"] = backend
@@ -509,6 +519,7 @@ def calibrate(
     target: str | None = None,
     backend: str = "auto",
     smooth: str | float = "auto",
+    quantizer: str = "auto",
 ) -> CalibrationResult:
     """Quantize an FP32 ONNX model to explicit int8 Q/DQ from calibration images; optionally guard its accuracy.
 
@@ -527,12 +538,21 @@ def calibrate(
     ONNX Runtime otherwise; or onnxruntime, openvino, oracle) (onnxruntime or
     openvino: where it will run). An ``OnnxArtifact`` passed as ``model_onnx`` (build-engine's) is not read again;
     its graph may be changed in place.
+
+    ``quantizer``: who places the Q/DQ. "auto": NNCF for a CPU target (``cpu``/``ort``, ``openvino``: its transformer
+    scheme, the fastest INT8 OpenVINO runs, docs/cpu-backends.md; graph.nncf_ptq), ours (graph.quantize) otherwise;
+    "nncf" (also ``method="nncf"``) or "vitdeploy" to choose. The guard, manifest and lineage are the same for both.
     """
     from vitdeploy.graph.edit import opset
     from vitdeploy.graph.fp16 import to_fp16
     from vitdeploy.graph.quantize import ensure_node_names, tensors_to_calibrate
 
-    _check_options(method, float_type or "fp32", batch_size, max_drop, min_agreement, eval_dir)
+    if quantizer not in ("auto", "nncf", "vitdeploy"):
+        raise UsageError(f"quantizer {quantizer!r}: choose auto, nncf or vitdeploy")
+    if method == "nncf":
+        quantizer = "nncf"
+    _check_options(DEFAULT_METHOD if quantizer == "nncf" else method, float_type or "fp32", batch_size, max_drop,
+                   min_agreement, eval_dir)
     check_target(target)
     if backend not in ("auto", "onnxruntime", "openvino", "oracle"):
         raise UsageError(f"the guard evaluates on auto, onnxruntime, openvino or oracle, not {backend!r}")
@@ -545,8 +565,15 @@ def calibrate(
     model, manifest = _fp32_source(art)
     target = target or manifest.target
     facts = check_target(target)
-    if backend == "auto":  # a TensorRT target is judged on what TensorRT computes (the oracle), a CPU on ONNX Runtime
-        backend = "oracle" if target is not None and target not in CPU_TARGETS else "onnxruntime"
+    if backend == "auto":  # a TensorRT target is judged on what TensorRT computes (the oracle), a CPU where it runs
+        backend = ("oracle" if target is not None and target not in CPU_TARGETS
+                   else "openvino" if target == "openvino" else "onnxruntime")
+        if backend == "openvino":
+            from vitdeploy.runners.openvino.loader import import_openvino
+
+            import_openvino()
+    if quantizer == "auto":
+        quantizer = "nncf" if target in CPU_TARGETS else "vitdeploy"
     if float_type is None:
         float_type = "fp16" if facts is not None and facts.float_dtype_int8 == "float16" else "fp32"
     if facts is not None and facts.fp16_dq_scales and float_type != "fp16":
@@ -554,6 +581,16 @@ def calibrate(
                          "(float32 would run every layer in FP32); drop --float fp32, or use --target ort for a CPU")
     dest = Path(out) if out is not None else precision_name(src, "int8")
     warnings: list[str] = []
+    if quantizer == "nncf":
+        from vitdeploy.graph.nncf_ptq import import_nncf
+
+        import_nncf()  # one line saying how to install it, before any image is read
+        if float_type != "fp32":
+            raise UsageError("--float fp16 with NNCF's CPU INT8: its unquantized parts are float32 (a CPU's type); "
+                             "drop --float, or make the INT8 for a TensorRT target")
+        files = _sample_images(images, num_images, seed, manifest, warnings)
+        return _calibrate_nncf(art, model, manifest, files, dest, target, batch_size, seed, eval_dir, max_drop,
+                               min_agreement, backend, progress, warnings)
     files = _sample_images(images, num_images, seed, manifest, warnings)
     fp32 = model
     model, smoothing = _smooth(model, manifest, files, batch_size, smooth)  # before LayerNorm is spelled out
@@ -644,3 +681,78 @@ def calibrate(
         image_set=files,
     )
 
+
+
+def _calibrate_nncf(art: OnnxArtifact, model: Any, manifest: Manifest, files: ImageSet, dest: Path,
+                    target: str | None, batch_size: int, seed: int, eval_dir: str | Path | None,
+                    max_drop: float | None, min_agreement: float | None, backend: str, progress: Progress | None,
+                    warnings: list[str]) -> CalibrationResult:
+    """The CPU INT8 made by NNCF (graph.nncf_ptq) with our guard, manifest and lineage on top.
+
+    The guard reverts NNCF's layers to float (quantize.QuantizedGraphSwitch) rather than quantizing again with an
+    ignored scope: one NNCF pass, and each probe is what the written model computes. The calibration record (the
+    images, no ranges: NNCF keeps its own) lets `bundle` make it again."""
+    from vitdeploy.graph.edit import opset
+    from vitdeploy.graph.nncf_ptq import nncf_quantize, nncf_version
+    from vitdeploy.graph.quantize import QuantizedGraphSwitch
+
+    batches: list[np.ndarray] = []
+    skipped: list[tuple[str, str]] = []
+    done = 0
+    for b in files.batches(manifest.pp(), batch_size):
+        skipped += [(str(p), why) for p, why in b.skipped]
+        if len(b.paths):
+            batches.append(b.array)
+        done += len(b.paths) + len(b.skipped)
+        if progress:
+            progress("calibrate", {"done": done, "total": len(files)})
+    n_read = sum(len(b) for b in batches)
+    if n_read == 0:
+        raise VitdeployError(f"none of the {len(files)} calibration images could be read (e.g. {skipped[0][0]}: {skipped[0][1]})")
+    if n_read < FEW_IMAGES:
+        warnings.append(f"only {n_read} calibration images: 300 or more give NNCF stable ranges (fewer than {FEW_IMAGES} may not)")
+    fp32 = model
+    qnncf = nncf_quantize(fp32, batches)
+    switch = QuantizedGraphSwitch(qnncf, fp32)
+    excluded: list[str] = []
+    figs: dict[str, Any] = {}
+    guard_info: dict[str, Any] | None = None
+    if eval_dir is None:
+        qmodel = switch.final([])
+    else:
+        qmodel, excluded, figs, guard_info, _ = _guarded(switch, fp32, manifest, eval_dir, max_drop, min_agreement,
+                                                         progress, backend, target, None)
+    quantized = [la.node for la in switch.layers if la.node not in set(excluded)]
+    cpath = calib_cache_name(dest)
+    quant = {
+        "quantizer": "nncf",
+        "nncf": nncf_version(),
+        "method": "nncf",
+        "model_type": "transformer",
+        "quantize_attention": False,
+        "attention_scores": any(la.kind == "attention" for la in switch.layers if la.node in set(quantized)),
+        "float_type": "fp32",
+        "scheme": "NNCF's transformer scheme: SmoothQuant, int8 weights per output channel, activations per tensor "
+                  "(u8 with a zero point where NNCF chooses), Q·Kᵀ quantized, first layer's weights in 7 bits",
+        "opset": opset(qmodel),
+        "calibration_images": n_read,
+        "calibration_cache": cpath.name,
+        "seed": seed,
+        "layers_quantized": len(quantized),
+        "excluded": excluded,
+        "scales": "float32",
+    }
+    derived = manifest.derive(precision="int8", target=target, source=_source(art), float_type="fp32",
+                              quantization=quant, versions=tool_versions("onnx", "onnxruntime", "nncf"))
+    if guard_info is not None:
+        derived.extra["guard"] = guard_info
+    key = _cache_key(art.sha256, files, ["nncf", str(nncf_version())])
+    _write_cache(cpath, key, art.sha256, [files.name_of(i) for i in range(len(files))], n_read, {})
+    try:
+        written = _save(qmodel, derived, dest)
+    except BaseException:
+        cpath.unlink(missing_ok=True)
+        raise
+    return CalibrationResult(path=dest, manifest=derived, excluded=excluded, figures=figs, quantized=quantized,
+                             cache=cpath, cache_reused=False, images=n_read, skipped=skipped, warnings=warnings,
+                             artifact=written, image_set=files)

@@ -401,6 +401,75 @@ def check_memory(paths: Sequence[Path], batch: int) -> None:
                              f"{free / 2**30:.1f} GiB is free here; use a batch of at most {fit}")
 
 
+# --- the anchor: NNCF's INT8 of the same model (--versus nncf) -----------------------------------
+
+VERSUS = ("nncf",)
+NNCF_PRECISION = "int8-nncf"  # the anchor row's precision label (backend openvino)
+ANCHOR_IMAGES = 64
+
+
+def check_versus(versus: str | None) -> None:
+    """``--versus``: nncf, where NNCF and OpenVINO are installed (one line saying how to install them otherwise)."""
+    if versus is None:
+        return
+    if versus not in VERSUS:
+        raise UsageError(f"--versus {versus!r}: choose {', '.join(VERSUS)}")
+    from vitdeploy.graph.nncf_ptq import import_nncf
+    from vitdeploy.runners.openvino.loader import import_openvino
+
+    import_nncf()
+    import_openvino()
+
+
+def fp32_onnx_of(models: Sequence[str | Path]) -> Path:
+    """The FP32 ONNX among the models: what NNCF's anchor is made from."""
+    for m in models:
+        p = Path(m)
+        if artifact_kind(p) == "onnx" and read_manifest(p).precision == "fp32":
+            return p
+    raise UsageError("--versus nncf: NNCF's INT8 is made from the FP32 ONNX; pass it among the models (e.g. model.onnx)")
+
+
+def nncf_anchor(fp32: str | Path, folder: str | Path, images: str | Path | None = None,
+                num_images: int = ANCHOR_IMAGES, seed: int = 0) -> tuple[Path, str]:
+    """NNCF's INT8 of the FP32 ONNX as OpenVINO's user makes it in one call (``nncf.quantize`` on the OpenVINO model,
+    ``model_type=TRANSFORMER``, every other default), saved as IR in ``folder``; and where its calibration images came
+    from: the one image rule (``images``, calibration/ here, the digits for a digits model), else random images
+    (the anchor is for speed, which does not depend on the images)."""
+    from vitdeploy.graph.nncf_ptq import import_nncf, quiet
+    from vitdeploy.model.imageset import ImageSet
+    from vitdeploy.runners.openvino.loader import import_openvino
+
+    nncf, ov = import_nncf(), import_openvino()
+    manifest = read_manifest(fp32)
+    chosen = ImageSet.for_model(manifest, images, num_images, seed)
+    if chosen is None:
+        h, w = manifest.input_size
+        chosen = ImageSet.folder(_random_images(Path(folder) / "anchor-calibration", num_images, (h, w), seed))
+        chosen.source = f"{num_images} random images"
+    data = [b.array[i : i + 1] for b in chosen.batches(manifest.pp(), 8) for i in range(len(b.paths))]
+    with quiet():
+        q = nncf.quantize(ov.Core().read_model(str(fp32)), nncf.Dataset(data), model_type=nncf.ModelType.TRANSFORMER,
+                          subset_size=len(data))
+    xml = Path(folder) / "nncf.int8.xml"
+    ov.save_model(q, str(xml))
+    return xml, str(chosen.source)
+
+
+def versus_ratios(rows: list[BenchRow]) -> list[dict[str, Any]]:
+    """Each of our INT8 rows against NNCF's INT8 at the same batch size (ours / NNCF's images per second)."""
+    out = []
+    for b in sorted({r.batch for r in rows}):
+        anchor = next((r for r in rows if r.batch == b and r.precision == NNCF_PRECISION), None)
+        if anchor is None:
+            continue
+        for r in rows:
+            if r.batch == b and r.precision == "int8":
+                out.append({"batch": b, "row": r.name, "vs": anchor.name, "ratio": r.throughput / anchor.throughput,
+                            "row_artifact": r.artifact, "vs_artifact": anchor.artifact, "versus": "nncf"})
+    return out
+
+
 def benchmark(
     models: Sequence[str | Path],
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
@@ -411,19 +480,36 @@ def benchmark(
     threads: int | None = None,
     device: str = "cpu",
     progress: Callable[[str], None] | None = None,
+    versus: str | None = None,
 ) -> BenchReport:
-    """Measure every (artifact, backend) row at every batch size, each row in its own process, rounds interleaved."""
+    """Measure every (artifact, backend) row at every batch size, each row in its own process, rounds interleaved.
+
+    ``versus="nncf"``: one row more, OpenVINO on NNCF's INT8 of the FP32 ONNX among ``models`` (nncf_anchor), made
+    and measured in this run, and each INT8 row's ratio to it."""
 
     if not models:
         raise UsageError("nothing to measure: pass MODEL paths or --preset NAME")
     check_settings(batch_sizes, warmup, iterations, seconds, threads, device)
+    check_versus(versus)
     threads = threads or available_cores()
     notes: list[str] = []
     workers: list[Worker] = []
     pairs = rows_for(models, backends)
     check_memory([p for p, _ in pairs], max(batch_sizes))
+    anchor_dir = tempfile.TemporaryDirectory(prefix="vitdeploy-nncf-") if versus else None
+    anchor: list[str] | None = None
     interrupted = True  # until the rows are measured: a Ctrl-C or an error terminates busy workers at once
     try:
+        if anchor_dir is not None:
+            fp32 = fp32_onnx_of(models)
+            if progress:
+                progress(f"NNCF's INT8 of {fp32.name}")
+            xml, source = nncf_anchor(fp32, anchor_dir.name)
+            ah, aw = read_manifest(fp32).input_size
+            anchor = [sys.executable, "-m", "vitdeploy.tools.bench_worker", str(xml), "openvino", str(threads),
+                      "default", NNCF_PRECISION, str(ah), str(aw)]
+            notes.append(f"openvino {NNCF_PRECISION}: NNCF's INT8 of {fp32.name} (nncf.quantize on the OpenVINO model, "
+                         f"ModelType.TRANSFORMER, calibrated on {source}), OpenVINO's default precision hint")
         for path, backend in pairs:
             if progress:
                 progress(f"opening {path.name} on {backend}")
@@ -437,6 +523,12 @@ def benchmark(
             notes.append(f"{path} on {backend}: skipped ({w.error})")
         if not workers:
             raise VitdeployError("no row could be opened here: " + "; ".join(notes))
+        if anchor is not None:  # the last row: the table's "x first" and the ratios keep our first row as base
+            w = Worker(anchor)
+            if w.error is not None:
+                w.close()
+                raise VitdeployError(f"--versus nncf: {w.error}")
+            workers.append(w)
         rows: list[BenchRow] = []
         for b in batch_sizes:
             times = measure_workers(workers, b, warmup, iterations, seconds, progress=progress)
@@ -451,6 +543,8 @@ def benchmark(
     finally:
         for w in workers:
             w.close(now=interrupted)
+        if anchor_dir is not None:
+            anchor_dir.cleanup()
     settings = {
         "warmup": warmup, "iterations": iterations, "seconds": None if iterations else (seconds or DEFAULT_SECONDS),
         "rounds": ROUNDS, "batch_sizes": list(batch_sizes), "device": device,
@@ -459,7 +553,10 @@ def benchmark(
         "openvino": f"CPU, PERFORMANCE_HINT=LATENCY, INFERENCE_NUM_THREADS={threads}, INFERENCE_PRECISION_HINT as the graph's floats",
         "isolation": "each row in its own process, rounds interleaved",
     }
-    return BenchReport(rows, ratios_between(rows), machine_info(threads), library_versions(), settings, notes)
+    if versus:
+        settings["versus"] = versus
+    ratios = ratios_between(rows) + versus_ratios(rows)
+    return BenchReport(rows, ratios, machine_info(threads), library_versions(), settings, notes)
 
 
 # --- a preset without a checkpoint ---------------------------------------------------------------
@@ -511,6 +608,7 @@ def preset_artifacts(
     calib_images: int = 16,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    cpu_int8: bool = False,
 ) -> tuple[list[Path], list[str]]:
     """A random-weight checkpoint of the preset, its FP32 ONNX, FP16 ONNX and INT8 ONNX (random-calibrated).
 
@@ -545,6 +643,14 @@ def preset_artifacts(
         out.append(Path(res.path))
     except VitdeployError as e:
         notes.append(f"INT8 ONNX not made: {e}")
+    if cpu_int8:  # the CPU INT8 (calibrate -t cpu): what --versus nncf compares with NNCF's
+        say("quantizing to the CPU INT8 (-t cpu)")
+        try:
+            res = calibrate(onnx_path, images=calib, out=d / "model.cpu.int8.onnx", num_images=calib_images,
+                            batch_size=min(8, calib_images), seed=seed, target="cpu")
+            out.append(Path(res.path))
+        except VitdeployError as e:
+            notes.append(f"CPU INT8 ONNX not made: {e}")
     return out, notes
 
 
@@ -559,12 +665,15 @@ def benchmark_preset(
     device: str = "cpu",
     keep: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
+    versus: str | None = None,
 ) -> BenchReport:
-    """Torch eager and ONNX Runtime FP32, FP16 and INT8 of a random-weight preset, without a checkpoint."""
+    """Torch eager and ONNX Runtime FP32, FP16 and INT8 of a random-weight preset, without a checkpoint (and with
+    ``versus="nncf"`` the CPU INT8 and NNCF's INT8 beside them)."""
+    check_versus(versus)
     with tempfile.TemporaryDirectory(prefix="vitdeploy-bench-") as tmp:
         folder = Path(keep) if keep else Path(tmp)
-        models, notes = preset_artifacts(preset, folder, progress=progress)
-        rep = benchmark(models, batch_sizes, backends, warmup, iterations, seconds, threads, device, progress)
+        models, notes = preset_artifacts(preset, folder, progress=progress, cpu_int8=versus == "nncf")
+        rep = benchmark(models, batch_sizes, backends, warmup, iterations, seconds, threads, device, progress, versus)
     rep.notes = notes + rep.notes
     rep.settings["preset"] = preset
     return rep

@@ -4,7 +4,8 @@ ONNX Runtime's and OpenVINO's thread pools slow each other when they share a pro
 so `vitdeploy benchmark` runs each row here and alternates the rows' rounds. The protocol is JSON lines:
 the parent writes {"batch", "warmup", "calls" | "seconds", "seed"}; the worker answers {"times": [...s],
 "peak_rss_mb"} (or {"error"}). Its first line says it is ready (or why it could not open the artifact).
-Run as ``python -m vitdeploy.tools.bench_worker ARTIFACT BACKEND THREADS DEVICE``.
+Run as ``python -m vitdeploy.tools.bench_worker ARTIFACT BACKEND THREADS DEVICE`` (an OpenVINO IR:
+``IR.xml openvino THREADS HINT LABEL H W``).
 """
 
 from __future__ import annotations
@@ -111,10 +112,35 @@ def protocol_streams() -> TextIO:
     return out
 
 
+def serve_openvino_ir(xml: str, threads: int, hint: str, label: str, input_size: tuple[int, int], out: TextIO) -> int:
+    """A row for an OpenVINO IR (NNCF's INT8 as NNCF's own OpenVINO path writes it: the `--versus nncf` anchor),
+    compiled as OpenVINO's user would: one stream, ``threads`` threads, ``hint`` the INFERENCE_PRECISION_HINT
+    ("default": OpenVINO's own choice, bfloat16 float parts on a CPU with AMX/AVX512-BF16)."""
+    try:
+        import openvino as ov
+
+        core = ov.Core()
+        cfg: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}
+        if hint != "default":
+            cfg["INFERENCE_PRECISION_HINT"] = hint
+        req = core.compile_model(core.read_model(xml), "CPU", cfg).create_infer_request()
+    except Exception as e:  # not installed, or an IR it cannot read: the row is skipped with the reason
+        out.write(json.dumps({"error": f"{xml}: {e}".splitlines()[0], "import_error": isinstance(e, ImportError)}) + "\n")
+        out.flush()
+        return 1
+    out.write(json.dumps({"ready": True, "backend": "openvino", "precision": label, "artifact": xml,
+                          "peak_rss_mb": peak_rss_mb()}) + "\n")
+    out.flush()
+    serve(lambda x: req.infer({0: x}), input_size, out, sys.stdin)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     artifact, backend, threads, device = argv[0], argv[1], int(argv[2]), argv[3]
     die_with_parent()
     out = protocol_streams()
+    if artifact.endswith(".xml"):  # ARTIFACT.xml openvino THREADS HINT LABEL H W
+        return serve_openvino_ir(artifact, threads, device, argv[4], (int(argv[5]), int(argv[6])), out)
     try:
         from vitdeploy.core.errors import VitdeployError
         from vitdeploy.runners import open_runner

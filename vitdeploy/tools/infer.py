@@ -104,7 +104,8 @@ def candidate_models(folder: str | Path = ".", backend: str = "auto") -> list[Pa
     ONNX Runtime has a GPU; on a CPU FP32 comes before FP16, because ONNX Runtime's CPU provider has
     few float16 kernels and runs an FP16 graph slower than the FP32 one (measured by `vitdeploy
     benchmark --preset`). Then the checkpoint ``ckpt.pth`` and other ``.pth`` files. Within one
-    precision the newest file comes first.
+    precision the newest file comes first, except that on a CPU an INT8 made for a CPU target comes before one
+    made for TensorRT.
     """
     d = Path(folder)
     if not d.is_dir():
@@ -121,12 +122,27 @@ def candidate_models(folder: str | Path = ".", backend: str = "auto") -> list[Pa
         engines = [p for s in ENGINE_SUFFIXES for p in visible(f"*{s}")]
         out += sorted(newest_first(engines), key=lambda p: PRECISION_RANK[precision_from_name(p)])
     if backend in ("auto", "onnxruntime", "openvino"):
-        order = PRECISION_RANK if onnx_gpu_usable() else {"int8": 0, "fp32": 1, "fp16": 2}
-        out += sorted(newest_first(visible("*.onnx")), key=lambda p: order[precision_from_name(p)])
+        gpu = onnx_gpu_usable()
+        order = PRECISION_RANK if gpu else {"int8": 0, "fp32": 1, "fp16": 2}
+        onnx = sorted(newest_first(visible("*.onnx")), key=lambda p: order[precision_from_name(p)])
+        if not gpu:  # on a CPU, an INT8 made for the CPU (calibrate -t cpu / openvino) before one made for TensorRT
+            onnx = sorted(onnx, key=lambda p: precision_from_name(p) == "int8" and not made_for_cpu(p))
+        out += onnx
     if backend in ("auto", "torch"):
         ckpts = newest_first(visible("*.pth") + visible("*.pt"))
         out += sorted(ckpts, key=lambda p: p.name != "ckpt.pth")
     return out
+
+
+def made_for_cpu(path: Path) -> bool:
+    """Whether an ONNX artifact's manifest names a CPU target (cpu, ort, openvino); False when it has none."""
+    from vitdeploy.core.artifact import read_onnx_manifest
+    from vitdeploy.core.targets import CPU_TARGETS
+
+    try:
+        return read_onnx_manifest(path).target in CPU_TARGETS
+    except Exception:  # no manifest, or not readable: infer says why when it opens it
+        return False
 
 
 def stale_note(path: str | Path) -> str | None:

@@ -592,11 +592,11 @@ class OracleRunner(Runner):
 
 def runner_for_target(artifact: str | Path | Any, target: str | None, threads: int | None = None) -> Runner:
     """The runner that judges an artifact made for ``target``: the oracle for a TensorRT target (trt8.5, trt8.6,
-    trt10, trt11), the CPU runtime it will run on for ``ort`` or no target (OpenVINO where installed, else ONNX
+    trt10, trt11), the CPU runtime it will run on for a CPU target (cpu, its old name ort, openvino) or no target (OpenVINO where installed, else ONNX
     Runtime). ``artifact``: a path or an onnx.ModelProto."""
-    from vitdeploy.core.targets import TARGETS
+    from vitdeploy.core.targets import CPU_TARGETS, TARGETS
 
-    if target is not None and target not in TARGETS:
+    if target is not None and target not in TARGETS and target not in CPU_TARGETS:
         raise VitdeployError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
     if target in TRT_TARGETS:
         return OracleRunner(artifact, target, threads=threads)
