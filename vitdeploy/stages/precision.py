@@ -24,7 +24,7 @@ from vitdeploy.core.fileio import write_text_atomic
 from vitdeploy.core.manifest import Manifest, tool_versions
 from vitdeploy.core.naming import calib_cache_name, precision_name
 from vitdeploy.core.preprocess import list_images
-from vitdeploy.core.targets import CPU_TARGETS, TargetFacts, resolve_target
+from vitdeploy.core.targets import ALIASES, CPU_TARGETS, TargetFacts, resolve_target
 from vitdeploy.model.imageset import ImageSet
 
 FEW_IMAGES = 100
@@ -565,6 +565,7 @@ def calibrate(
     model, manifest = _fp32_source(art)
     target = target or manifest.target
     facts = check_target(target)
+    target = ALIASES.get(target, target) if target is not None else None  # ort: the cpu target's old name
     if backend == "auto":  # a TensorRT target is judged on what TensorRT computes (the oracle), a CPU where it runs
         backend = ("oracle" if target is not None and target not in CPU_TARGETS
                    else "openvino" if target == "openvino" else "onnxruntime")
