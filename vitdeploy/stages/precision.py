@@ -750,7 +750,7 @@ def _calibrate_nncf(art: OnnxArtifact, model: Any, manifest: Manifest, files: Im
     key = _cache_key(art.sha256, files, ["nncf", str(nncf_version())])
     _write_cache(cpath, key, art.sha256, [files.name_of(i) for i in range(len(files))], n_read, {})
     try:
-        written = _save(qmodel, derived, dest)
+        written = _save(qmodel, derived, dest, art, "calibrate")
     except BaseException:
         cpath.unlink(missing_ok=True)
         raise
