@@ -28,13 +28,13 @@ cli = CliRunner()
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory, digits_artifacts: Path) -> Path:
     """The session's model.onnx and model.int8.onnx (calibrate's defaults on calibration/), plus the INT8 made for
-    --target ort with our own CPU placement (quantizer="vitdeploy"; the default CPU INT8 is NNCF's: test_cpu_int8.py)."""
+    --target ort."""
     from vitdeploy.stages.precision import calibrate
 
     d = tmp_path_factory.mktemp("openvino")
     for name in ("model.onnx", "model.int8.onnx"):
         shutil.copy(digits_artifacts / name, d / name)
-    calibrate(d / "model.onnx", CALIB, d / "model.ort.int8.onnx", target="ort", quantizer="vitdeploy")
+    calibrate(d / "model.onnx", CALIB, d / "model.ort.int8.onnx", target="ort")
     return d
 
 
@@ -199,6 +199,7 @@ def test_int8_for_the_cpu_quantizes_attention_scores_not_softmax_v(work: Path) -
     assert sum("DequantizeLinear" not in f for f in fed) == blocks  # Softmax·V stays float
     man = read_onnx_manifest(work / "model.ort.int8.onnx")
     assert man.target == "cpu" and man.extra["quantization"]["attention_scores"] is True  # -t ort: cpu's old name
+    assert man.extra["quantization"]["quantizer"] == "vitdeploy"  # the CPU INT8's default placement is ours
     assert read_onnx_manifest(work / "model.int8.onnx").target is None  # the default placement is unchanged
     assert all("DequantizeLinear" not in f for f in _attention_inputs(work / "model.int8.onnx"))
 
@@ -207,7 +208,7 @@ def test_calibrate_guard_evaluates_on_openvino(work: Path, digits_folder: Path, 
     from vitdeploy.stages.precision import calibrate
 
     res = calibrate(work / "model.onnx", CALIB, tmp_path / "g.int8.onnx", eval_dir=digits_folder, max_drop=1.0,
-                    target="ort", backend="openvino", quantizer="vitdeploy")
+                    target="ort", backend="openvino")
     g = res.manifest.extra["guard"]
     assert g["backend"] == "openvino" and g["met"] and g["after"]["images"] > 300
     assert g["after"]["drop_points"] <= 1.0

@@ -23,6 +23,11 @@ from trt_mock import fake_tensorrt
 
 @pytest.fixture(scope="module")
 def made_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _tiny_bundle(tmp_path_factory.mktemp("runpy"), None)
+
+
+def _tiny_bundle(d: Path, target: str | None) -> Path:
+    """A bundle of a one-MatMul classifier made for ``target``."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -30,7 +35,6 @@ def made_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from vitdeploy.core.preprocess import Preprocess
     from vitdeploy.stages.bundle import BundleOptions, bundle
 
-    d = tmp_path_factory.mktemp("runpy")
     w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 0.02, (3 * 16 * 16, 5)).astype(np.float32), "W")
     graph = helper.make_graph(
         [helper.make_node("Flatten", ["pixel_values"], ["flat"], axis=1, name="flatten"),
@@ -40,7 +44,7 @@ def made_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     pp = Preprocess(input_size=(16, 16), resize_mode="squash", interpolation="bilinear")
     set_onnx_manifest(model, Manifest(model={"num_classes": 5, "image_size": [16, 16]}, labels=list("abcde"),
-                                      preprocess=pp.to_dict(), name="tiny", precision="fp32"))
+                                      preprocess=pp.to_dict(), name="tiny", precision="fp32", target=target))
     onnx.save(model, str(d / "model.onnx"))
     out = d / "bundle"
     bundle([d / "model.onnx"], out, BundleOptions(references=4))
@@ -74,6 +78,26 @@ def _ended(fn: Any, capsys: pytest.CaptureFixture) -> tuple[int, list[str], str]
 def one_line(err: list[str]) -> str:
     assert len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in err[0], err
     return err[0]
+
+
+def test_a_model_made_for_a_cpu_runs_on_openvino_where_installed_else_onnxruntime(
+        tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("openvino")
+    cpu = _tiny_bundle(tmp_path, "cpu")
+    code, err, out = run(cpu, "--check", "--json", capsys=capsys)
+    assert code == 0 and json.loads(out)["backend"] == "openvino" and json.loads(out)["ok"], (err, out)
+    code, err, out = run(cpu, "--check", "--json", "--backend", "onnxruntime", capsys=capsys)
+    assert code == 0 and json.loads(out)["backend"] == "onnxruntime", (err, out)
+    monkeypatch.setitem(sys.modules, "openvino", None)  # not installed: auto falls back, --backend openvino says so
+    code, err, out = run(cpu, "--check", "--json", capsys=capsys)
+    assert code == 0 and json.loads(out)["backend"] == "onnxruntime", (err, out)
+    code, err, _ = run(cpu, "--check", "--backend", "openvino", capsys=capsys)
+    assert code == 1 and "pip install openvino" in one_line(err)
+
+
+def test_a_model_made_for_no_target_stays_on_onnxruntime(copy: Path, capsys: pytest.CaptureFixture) -> None:
+    code, err, out = run(copy, "--check", "--json", capsys=capsys)
+    assert code == 0 and json.loads(out)["backend"] == "onnxruntime", (err, out)
 
 
 def test_the_untouched_bundle_passes_its_check(copy: Path, capsys: pytest.CaptureFixture) -> None:

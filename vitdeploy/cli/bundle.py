@@ -37,6 +37,8 @@ def bundle(
                                          "have been made for it. Default: the models' own target."),
     int8: bool = typer.Option(False, "--int8", help="From a checkpoint: make (or reuse) the INT8 model only, besides FP32."),
     fp16: bool = typer.Option(False, "--fp16", help="From a checkpoint: make (or reuse) the FP16 model only, besides FP32."),
+    quantizer: str = typer.Option("vitdeploy", "--quantizer", help="From a checkpoint: who makes the INT8, as calibrate's "
+                                  "--quantizer: vitdeploy (ours, the default) or nncf (NNCF's, for -t cpu/openvino)."),
 ) -> None:
     """Write a self-contained folder for a Jetson, Triton or DeepStream: ONNX + raw-pixel variants, labels, run.py, build_engine.sh."""
     from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
@@ -46,6 +48,8 @@ def bundle(
     from vitdeploy.stages.bundle import PRECISIONS, BundleOptions
     from vitdeploy.stages.bundle import bundle as make_bundle
 
+    if quantizer not in ("vitdeploy", "nncf"):
+        raise UsageError(f"--quantizer {quantizer!r}: choose vitdeploy or nncf")
     target = say_target(target)
     check_images = [*(images or []), *(check_images or [])]
     if precision is not None and precision not in PRECISIONS:
@@ -61,10 +65,11 @@ def bundle(
             task = prog.add_task("starting", total=None)
             prepared = prepare(models[0], check_images[0] if check_images else None, target,
                                int8=int8 or not fp16, fp16=fp16 or not int8,
-                               say=lambda msg: prog.update(task, description=msg))
+                               say=lambda msg: prog.update(task, description=msg), quantizer=quantizer)
         models = prepared.models
-    elif int8 or fp16:
-        raise UsageError("--int8/--fp16 choose what to make from a checkpoint: pass CKPT (or the ONNX models themselves)")
+    elif int8 or fp16 or quantizer != "vitdeploy":
+        raise UsageError("--int8/--fp16/--quantizer choose what to make from a checkpoint: pass CKPT (or the ONNX models "
+                         "themselves)")
     opts = BundleOptions(
         name=name, precision=precision, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
         check_images=tuple(check_images or ()), references=references, force=force, target=target,

@@ -28,9 +28,11 @@ def calibrate(
     eval_dir: Optional[Path] = typer.Option(None, "--eval", help="Labeled ImageFolder (or one with val/) to measure FP32 vs INT8 top-1 on."),
     min_agreement: Optional[float] = typer.Option(None, "--min-agreement", **bounded("fraction"), help="With --eval: also keep layers in float until INT8's top-1 agrees with FP32's on at least this fraction (e.g. 0.99)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=f"What the INT8 model is made for: {TARGET_NAMES}. trt10/trt11: "
-                                         "float16 Q/DQ scales and GEMMs, opset 19; cpu/openvino: NNCF's INT8 (pip install nncf) with the guard on top. Default: the model's target, "
+                                         "float16 Q/DQ scales and GEMMs, opset 19; cpu/openvino also quantize Q·Kᵀ (openvino: the guard judges on OpenVINO). Default: the model's target, "
                                          "else none (float32 scales: TensorRT 8.x and CPUs)."),
     backend: str = typer.Option("auto", "--backend", help="With --eval: where the INT8 model is measured: auto (the TensorRT oracle for a TensorRT target, openvino for -t openvino, else onnxruntime), onnxruntime, openvino or oracle."),
+    quantizer: str = typer.Option("vitdeploy", "--quantizer", help="Who places the Q/DQ: vitdeploy (ours, the default) or nncf "
+                                  "(NNCF's transformer scheme, for -t cpu/openvino; pip install 'vitdeploy[cpu]'). The guard works on either."),
     smooth: str = typer.Option("auto", "--smooth", help="SmoothQuant-style migration of wide LayerNorm channels into the next weights (exact in FP32): auto (strength 0.5 where a channel spread exceeds 16), off, or a strength 0-1."),
 ) -> None:
     """Quantize an ONNX model to INT8 (explicit Q/DQ, the form TensorRT 8.5–11 builds) from calibration images.
@@ -43,6 +45,10 @@ def calibrate(
     from vitdeploy.core.fileio import check_output
     from vitdeploy.core.naming import precision_name
 
+    from vitdeploy.core.errors import UsageError
+
+    if quantizer not in ("vitdeploy", "nncf"):  # before any work (stages.precision.QUANTIZERS: numpy, onnx)
+        raise UsageError(f"--quantizer {quantizer!r}: choose vitdeploy or nncf")
     target = say_target(target)
     check_output(out or precision_name(model, "int8"), [model], suffixes=(".onnx",))
     from vitdeploy.stages.precision import calibrate as run_calibrate  # numpy, onnx: after the light refusals
@@ -63,7 +69,7 @@ def calibrate(
             model, images, out, num_images=num_images, batch_size=batch_size, method=method,
             quantize_attention=quantize_attention, float_type=float_type, seed=seed, max_drop=max_drop,
             eval_dir=eval_dir, progress=on_event, min_agreement=min_agreement, backend=backend, target=target,
-            smooth=smooth,
+            smooth=smooth, quantizer=quantizer,
         )
     for path, why in result.skipped:
         err_console.print(f"skipped {path}: {why}", highlight=False)

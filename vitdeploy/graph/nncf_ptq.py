@@ -1,14 +1,15 @@
-"""INT8 for a CPU by NNCF, OpenVINO's own post-training quantizer, on the ONNX graph.
+"""INT8 for a CPU by NNCF, OpenVINO's own post-training quantizer, on the ONNX graph (``calibrate --quantizer nncf``).
 
 NNCF's transformer scheme (``model_type=TRANSFORMER``: SmoothQuant at its tuned α, MatMul/Conv inputs and the attention
 scores quantized, LayerNorm/Softmax/GELU and the residual stream in float, asymmetric activations, mean-of-min/max
-ranges, fast bias correction, the first layer's weights in 7 bits) is what OpenVINO's CPU kernels are written for:
-measured in docs/cpu-backends.md, OpenVINO ran it faster than our TensorRT-shaped Q/DQ placement. NNCF's ONNX backend
-writes an ordinary Q/DQ ONNX graph, so the artifact keeps our manifest, lineage, verify and accuracy guard
-(quantize.QuantizedGraphSwitch reverts its layers to float). It works from op types alone (MatMul, Conv, Softmax,
-LayerNormalization patterns), so every ViT family the exporter writes gets it with no per-family code.
+ranges, fast bias correction, the first layer's weights in 7 bits). It is an option, not the default: measured in
+docs/cpu-backends.md, OpenVINO runs it no faster than our CPU placement on this project's machine, and it loses more
+top-1 unguarded. NNCF's ONNX backend writes an ordinary Q/DQ ONNX graph, so the artifact keeps our manifest, lineage,
+verify and accuracy guard (quantize.QuantizedGraphSwitch reverts its layers to float). It works from op types alone
+(MatMul, Conv, Softmax, LayerNormalization patterns), so every ViT family the exporter writes gets it with no
+per-family code.
 
-nncf is an optional dependency (the ``cpu`` extra), imported only here and only when a CPU INT8 is made.
+nncf is an optional dependency (the ``cpu`` extra), imported only here and only when NNCF's INT8 is made.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def import_nncf() -> Any:
     try:
         import nncf
     except ImportError:
-        raise VitdeployError(f"NNCF is not installed: the CPU INT8 is made by NNCF; {INSTALL}") from None
+        raise VitdeployError(f"NNCF is not installed (--quantizer nncf, --versus nncf): {INSTALL}") from None
     return nncf
 
 

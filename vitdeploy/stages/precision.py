@@ -28,6 +28,7 @@ from vitdeploy.core.targets import ALIASES, CPU_TARGETS, TargetFacts, resolve_ta
 from vitdeploy.model.imageset import ImageSet
 
 FEW_IMAGES = 100
+QUANTIZERS = ("vitdeploy", "nncf")  # who places the Q/DQ: ours (the default), or NNCF's (a CPU target)
 FLOAT_TYPES = ("fp32", "fp16")
 DEFAULT_IMAGES = Path("calibration")
 CACHE_FORMAT = "vitdeploy-calibration/1"
@@ -519,7 +520,7 @@ def calibrate(
     target: str | None = None,
     backend: str = "auto",
     smooth: str | float = "auto",
-    quantizer: str = "auto",
+    quantizer: str = "vitdeploy",
 ) -> CalibrationResult:
     """Quantize an FP32 ONNX model to explicit int8 Q/DQ from calibration images; optionally guard its accuracy.
 
@@ -539,16 +540,18 @@ def calibrate(
     openvino: where it will run). An ``OnnxArtifact`` passed as ``model_onnx`` (build-engine's) is not read again;
     its graph may be changed in place.
 
-    ``quantizer``: who places the Q/DQ. "auto": NNCF for a CPU target (``cpu``/``ort``, ``openvino``: its transformer
-    scheme, the fastest INT8 OpenVINO runs, docs/cpu-backends.md; graph.nncf_ptq), ours (graph.quantize) otherwise;
-    "nncf" (also ``method="nncf"``) or "vitdeploy" to choose. The guard, manifest and lineage are the same for both.
+    ``quantizer``: who places the Q/DQ. "vitdeploy" (the default): ours (graph.quantize; for a CPU target the CPU
+    placement above). "nncf" (also ``method="nncf"``, as a manifest records it): NNCF's transformer scheme on the ONNX
+    graph (graph.nncf_ptq), for a CPU target only (``cpu`` when none is given). Measured in docs/cpu-backends.md: as
+    fast on OpenVINO here and less accurate unguarded, hence not the default. The guard, manifest and lineage are the
+    same for both.
     """
     from vitdeploy.graph.edit import opset
     from vitdeploy.graph.fp16 import to_fp16
     from vitdeploy.graph.quantize import ensure_node_names, tensors_to_calibrate
 
-    if quantizer not in ("auto", "nncf", "vitdeploy"):
-        raise UsageError(f"quantizer {quantizer!r}: choose auto, nncf or vitdeploy")
+    if quantizer not in QUANTIZERS:
+        raise UsageError(f"--quantizer {quantizer!r}: choose {' or '.join(QUANTIZERS)}")
     if method == "nncf":
         quantizer = "nncf"
     _check_options(DEFAULT_METHOD if quantizer == "nncf" else method, float_type or "fp32", batch_size, max_drop,
@@ -566,6 +569,12 @@ def calibrate(
     target = target or manifest.target
     facts = check_target(target)
     target = ALIASES.get(target, target) if target is not None else None  # ort: the cpu target's old name
+    if quantizer == "nncf":
+        if target is None:  # NNCF's INT8 is a CPU's
+            target, facts = "cpu", check_target("cpu")
+        elif target not in CPU_TARGETS:
+            raise UsageError(f"--quantizer nncf makes an INT8 for a CPU, not for {target}: use -t cpu or -t openvino, "
+                             "or drop --quantizer for TensorRT")
     if backend == "auto":  # a TensorRT target is judged on what TensorRT computes (the oracle), a CPU where it runs
         backend = ("oracle" if target is not None and target not in CPU_TARGETS
                    else "openvino" if target == "openvino" else "onnxruntime")
@@ -573,8 +582,6 @@ def calibrate(
             from vitdeploy.runners.openvino.loader import import_openvino
 
             import_openvino()
-    if quantizer == "auto":
-        quantizer = "nncf" if target in CPU_TARGETS else "vitdeploy"
     if float_type is None:
         float_type = "fp16" if facts is not None and facts.float_dtype_int8 == "float16" else "fp32"
     if facts is not None and facts.fp16_dq_scales and float_type != "fp16":
@@ -648,6 +655,7 @@ def calibrate(
         qmodel = to_fp16(qmodel, keep_fp32_nodes=quantized + unsafe)
     quant = _quantization_record(method, quantize_attention, float_type, opset(qmodel), n_read, cpath, key, seed,
                                  len(quantized), excluded)
+    quant["quantizer"] = "vitdeploy"
     if target in CPU_TARGETS:
         quant["attention_scores"] = True
     quant["smoothing"] = smoothing

@@ -32,23 +32,26 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
 
 
-def _current_for(path: Path, target: str | None) -> bool:
-    """``path`` exists, was made for ``target`` and its lineage is current (the source beside it unchanged)."""
+def _current_for(path: Path, target: str | None, quantizer: str | None = None) -> bool:
+    """``path`` exists, was made for ``target`` (an INT8: by ``quantizer``; none recorded is ours) and its lineage is
+    current (the source beside it unchanged)."""
     if not path.exists():
         return False
     try:
         m = OnnxArtifact.open(path).manifest
     except VitdeployError:
         return False
+    if quantizer is not None and (m.extra.get("quantization") or {}).get("quantizer", "vitdeploy") != quantizer:
+        return False
     return m.target == target and source_link(path, m).status != STALE
 
 
 def prepare(ckpt: str | Path, images: str | Path | None, target: str | None = None, int8: bool = True,
-            fp16: bool = True, say: Callable[[str], None] | None = None) -> Prepared:
+            fp16: bool = True, say: Callable[[str], None] | None = None, quantizer: str = "vitdeploy") -> Prepared:
     """The whole path from a checkpoint, beside it: export (parity on ``images``), INT8 (the accuracy guard on
     ``images``' labeled sub-folders where it has them, else calibrated without a budget) and FP16, then verify on the
     labeled images. An artifact already made for ``target`` from the current source is reused; only a missing or
-    stale one is made."""
+    stale one is made. ``quantizer``: calibrate's (nncf: NNCF's INT8, for a CPU target)."""
     from vitdeploy.core.targets import resolve_target
     from vitdeploy.model.imageset import ImageSet
 
@@ -77,7 +80,7 @@ def prepare(ckpt: str | Path, images: str | Path | None, target: str | None = No
         labeled = Path(ls.source) if ls.labels is not None else None
     models = [fp32]
     if int8:
-        if not _current_for(q8, target):
+        if not _current_for(q8, target, quantizer):
             from vitdeploy.stages.precision import calibrate
 
             calib = images  # None: calibrate's one rule (calibration/, else the digits for a digits model)
@@ -85,7 +88,7 @@ def prepare(ckpt: str | Path, images: str | Path | None, target: str | None = No
             budget: dict[str, Any] = {"eval_dir": labeled, "max_drop": GUARD_MAX_DROP} if labeled is not None else {}
             if labeled is None:
                 notes.append("INT8 calibrated without an accuracy budget: --images has no labeled class sub-folders")
-            calibrate(fp32, calib, q8, target=target, **budget)
+            calibrate(fp32, calib, q8, target=target, quantizer=quantizer, **budget)
             made.append(q8.name)
         models.append(q8)
     if fp16:

@@ -12,7 +12,8 @@ mean/std and layout are inside the graph), so this program only decodes,
 resizes and crops, exactly as vitdeploy does. With the engine ./build_engine.sh
 built for this TensorRT (manifest.json's bundle.tensorrt.engines names it) it runs
 on TensorRT, else on ONNX Runtime; an engine here without TensorRT's Python module
-is said, never passed over for the ONNX quietly.
+is said, never passed over for the ONNX quietly. A model made for a CPU (vitdeploy calibrate -t cpu / -t openvino)
+runs on OpenVINO where it is installed (its INT8 runs fastest there), else on ONNX Runtime.
 
 Every failure is one line on stderr and exit 1 (2 for a wrong option); RUN_PY_DEBUG=1 shows the traceback. Every
 run first checks the model file against the SHA-256 that manifest.json records (--check: every model file), and
@@ -236,6 +237,31 @@ class OrtModel:
         return np.asarray(self.session.run(None, {self.input: x})[0], np.float32)
 
 
+class OvModel:
+    """OpenVINO on the CPU, float32 float parts (as the model was judged): where it is installed, auto runs a model
+    made for a CPU target on it."""
+
+    backend = "openvino"
+
+    def __init__(self, path: Path, data: bytes) -> None:
+        import openvino as ov
+
+        core = ov.Core()
+        self.name = path.name
+        try:  # the bytes that were hashed: what is checked is what runs
+            compiled = core.compile_model(core.read_model(data), "CPU", {"PERFORMANCE_HINT": "LATENCY",
+                                                                         "INFERENCE_PRECISION_HINT": "f32"})
+        except Exception as e:  # noqa: BLE001 - a file OpenVINO cannot read: one line
+            raise SystemExit(f"error: {path.name}: OpenVINO cannot load it ({type(e).__name__}: {_first_line(e)}): "
+                             "copy the bundle again, or run it with --backend onnxruntime") from None
+        self.request = compiled.create_infer_request()
+        self.max_batch = None
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(self.request.infer({0: x})[0], np.float32)
+
+
+CPU_TARGETS = ("cpu", "ort", "openvino")  # vitdeploy's CPU targets (ort: cpu's old name)
 NULLPTR = "factory function returned nullptr"
 DRIVER_ADVICE = ("check the NVIDIA driver (nvidia-smi; on a Jetson, the JetPack install): it must be new enough for "
                  "this TensorRT's CUDA")
@@ -500,7 +526,16 @@ def open_engine(plan_rel: str, dla_core: int | None) -> TrtModel:
                          "rebuild it with ./build_engine.sh, or run the ONNX with --backend onnxruntime") from None
 
 
-def open_onnx(onnx_rel: str, data: bytes) -> OrtModel:
+def open_onnx(onnx_rel: str, data: bytes, openvino: str = "no") -> OrtModel | OvModel:
+    """ONNX Runtime on the ONNX; ``openvino``: "yes" OpenVINO (one line when it is not installed), "auto" OpenVINO
+    where it is installed (a model made for a CPU target), "no" never."""
+    if openvino != "no":
+        try:
+            return OvModel(HERE / onnx_rel, data)
+        except ImportError:
+            if openvino == "yes":
+                raise SystemExit("error: OpenVINO is not installed: pip install openvino, or run it with --backend "
+                                 "onnxruntime") from None
     try:
         return OrtModel(HERE / onnx_rel, data)
     except ImportError:
@@ -508,15 +543,15 @@ def open_onnx(onnx_rel: str, data: bytes) -> OrtModel:
                          "onnxruntime") from None
 
 
-def open_model(path: Path, backend: str, dla_core: int | None = None) -> OrtModel | TrtModel:
+def open_model(path: Path, backend: str, dla_core: int | None = None) -> OrtModel | OvModel | TrtModel:
     """The engine (``path`` ending .engine/.plan) or the ONNX at ``path``, inside this bundle (tests and callers)."""
     rel = path.resolve().relative_to(HERE).as_posix() if path.is_absolute() else path.as_posix()
     if path.suffix in (".engine", ".plan"):
         return open_engine(rel, dla_core)
-    return open_onnx(rel, read_bundle_bytes(rel))
+    return open_onnx(rel, read_bundle_bytes(rel), "yes" if backend == "openvino" else "no")
 
 
-def run_batches(model: OrtModel | TrtModel, x: np.ndarray, batch: int) -> np.ndarray:
+def run_batches(model: OrtModel | OvModel | TrtModel, x: np.ndarray, batch: int) -> np.ndarray:
     b = min(batch, model.max_batch or batch)
     return np.concatenate([model(x[i : i + b]) for i in range(0, len(x), b)])
 
@@ -644,8 +679,9 @@ def _main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("images", nargs="*", help="image files or folders")
     ap.add_argument("--model", help="ONNX or engine in this bundle (default: the raw-pixel variant of the bundle's precision)")
-    ap.add_argument("--backend", choices=("auto", "tensorrt", "onnxruntime"), default="auto",
-                    help="auto: the engine beside the ONNX when TensorRT loads, else ONNX Runtime")
+    ap.add_argument("--backend", choices=("auto", "tensorrt", "onnxruntime", "openvino"), default="auto",
+                    help="auto: the engine beside the ONNX when TensorRT loads; else, for a model made for a CPU target "
+                         "(calibrate -t cpu), OpenVINO where it is installed; else ONNX Runtime")
     ap.add_argument("--batch", type=positive_int, default=8, help="images per call")
     ap.add_argument("--top", type=positive_int, default=1, help="labels to print per image")
     ap.add_argument("--json", action="store_true", help="print JSON lines instead of text")
@@ -666,13 +702,13 @@ def _main(argv: list[str] | None = None) -> int:
         found = [(k, e) for row in ((info.get("tensorrt") or {}).get("engines") or {}).values() if isinstance(row, dict)
                  for k, e in row.items() if isinstance(e, dict) and e.get("engine") == rel]
         onnx_rel, entry = found[0] if found else (rel.rsplit(".", 1)[0] + ".onnx", {"onnx": rel.rsplit(".", 1)[0] + ".onnx", "engine": rel})
-        if args.backend == "onnxruntime":
-            ap.error(f"--model {safe(rel)} is an engine: --backend onnxruntime runs an ONNX (--model {safe(onnx_rel)})")
+        if args.backend in ("onnxruntime", "openvino"):
+            ap.error(f"--model {safe(rel)} is an engine: --backend {args.backend} runs an ONNX (--model {safe(onnx_rel)})")
     else:
         onnx_rel = rel
     if onnx_rel not in info["artifacts"]:
         raise SystemExit(f"error: {safe(rel)} is not one of this bundle's models: {', '.join(map(safe, info['artifacts']))}")
-    if entry is None and args.backend != "onnxruntime":
+    if entry is None and args.backend not in ("onnxruntime", "openvino"):
         entry, _ = find_engine(info, onnx_rel, args.backend)
     run_onnx = entry["onnx"] if entry else onnx_rel
     art = info["artifacts"].get(run_onnx)
@@ -680,7 +716,10 @@ def _main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: manifest.json's engine entry names {safe(run_onnx)}, which is not one of its models: "
                          "copy the bundle again")
     data = verify_files(info, list(info["artifacts"]) if args.check else [run_onnx], None if entry else run_onnx)
-    model: OrtModel | TrtModel = open_engine(entry["engine"], args.dla_core) if entry else open_onnx(run_onnx, data or b"")
+    ov = ("yes" if args.backend == "openvino" else "auto" if args.backend == "auto" and art.get("target") in CPU_TARGETS
+          else "no")
+    model: OrtModel | OvModel | TrtModel = (open_engine(entry["engine"], args.dla_core) if entry
+                                            else open_onnx(run_onnx, data or b"", ov))
     del data
     ran = f"{entry['engine']} (built from {run_onnx})" if entry else run_onnx
 
