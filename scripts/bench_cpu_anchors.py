@@ -5,8 +5,8 @@
 The model is vit-small/16 at 224 with random weights (speed does not depend on the weights' values) and
 random calibration images; accuracy is measured elsewhere (README "calibrate --target ort"). Rows:
 ONNX Runtime and OpenVINO on the FP32 export, on our INT8 for TensorRT (the default placement) and on our
-INT8 with our own CPU placement (``calibrate(target="cpu", quantizer="vitdeploy")``) and the CPU INT8 as
-``calibrate -t cpu`` makes it (NNCF's scheme on the ONNX graph), and OpenVINO on NNCF's INT8 (``nncf.quantize``,
+INT8 for the CPU (``calibrate -t cpu``: our CPU placement) and NNCF's scheme on the ONNX graph as
+``calibrate -t cpu --quantizer nncf`` makes it, and OpenVINO on NNCF's INT8 (``nncf.quantize``,
 ModelType.TRANSFORMER, the same calibration images) with OpenVINO's default precision (bfloat16 float parts
 where the CPU has AVX512-BF16/AMX) and with f32 (as our runner runs our graphs). Each row runs in its own
 process (ONNX Runtime's and OpenVINO's thread pools slow each other in one), the rows' rounds alternate,
@@ -53,13 +53,13 @@ def build(folder: Path, calib_images: int, seed: int) -> dict[str, Path]:
     out = {"fp32": fp32, "int8-trt": folder / "model.int8-trt.onnx", "int8-ort": folder / "model.int8-ort.onnx"}
     if not out["int8-trt"].exists():
         calibrate(fp32, images=calib, out=out["int8-trt"], num_images=calib_images, batch_size=8, seed=seed)
-    if not out["int8-ort"].exists():  # our own CPU placement (Q·Kᵀ quantized), not NNCF's
+    if not out["int8-ort"].exists():  # the CPU INT8 (-t cpu): our CPU placement (Q·Kᵀ quantized)
         calibrate(fp32, images=calib, out=out["int8-ort"], num_images=calib_images, batch_size=8, seed=seed,
-                  target="cpu", quantizer="vitdeploy")
-    out["int8-cpu"] = folder / "model.cpu.int8.onnx"
-    if not out["int8-cpu"].exists():  # the CPU INT8 as `calibrate -t cpu` makes it: NNCF's scheme on the ONNX graph
-        calibrate(fp32, images=calib, out=out["int8-cpu"], num_images=calib_images, batch_size=8, seed=seed,
                   target="cpu")
+    out["int8-cpu"] = folder / "model.cpu-nncf.int8.onnx"
+    if not out["int8-cpu"].exists():  # `calibrate -t cpu --quantizer nncf`: NNCF's scheme on the ONNX graph
+        calibrate(fp32, images=calib, out=out["int8-cpu"], num_images=calib_images, batch_size=8, seed=seed,
+                  target="cpu", quantizer="nncf")
     xml = folder / "nncf.int8.xml"
     if not xml.exists():
         import nncf
@@ -95,11 +95,11 @@ def main() -> int:
             ("ORT FP32", Worker.for_row(arts["fp32"], "onnxruntime", threads, "cpu")),
             ("OpenVINO FP32", Worker.for_row(arts["fp32"], "openvino", threads, "cpu")),
             ("ORT INT8 (ours, trt placement)", Worker.for_row(arts["int8-trt"], "onnxruntime", threads, "cpu")),
-            ("ORT INT8 (ours, own CPU placement)", Worker.for_row(arts["int8-ort"], "onnxruntime", threads, "cpu")),
+            ("ORT INT8 (ours, -t cpu)", Worker.for_row(arts["int8-ort"], "onnxruntime", threads, "cpu")),
             ("OpenVINO INT8 (ours, trt placement)", Worker.for_row(arts["int8-trt"], "openvino", threads, "cpu")),
-            ("OpenVINO INT8 (ours, own CPU placement)", Worker.for_row(arts["int8-ort"], "openvino", threads, "cpu")),
-            ("ORT INT8 (ours, -t cpu: NNCF's scheme)", Worker.for_row(arts["int8-cpu"], "onnxruntime", threads, "cpu")),
-            ("OpenVINO INT8 (ours, -t cpu: NNCF's scheme)", Worker.for_row(arts["int8-cpu"], "openvino", threads, "cpu")),
+            ("OpenVINO INT8 (ours, -t cpu)", Worker.for_row(arts["int8-ort"], "openvino", threads, "cpu")),
+            ("ORT INT8 (--quantizer nncf)", Worker.for_row(arts["int8-cpu"], "onnxruntime", threads, "cpu")),
+            ("OpenVINO INT8 (--quantizer nncf)", Worker.for_row(arts["int8-cpu"], "openvino", threads, "cpu")),
             ("OpenVINO NNCF INT8 (OV default precision)", anchor_worker(arts["nncf"], threads, "default")),
             ("OpenVINO NNCF INT8 (f32 float parts)", anchor_worker(arts["nncf"], threads, "f32")),
         ]
@@ -125,7 +125,7 @@ def main() -> int:
                 print(f"  / ORT FP32                                   = {ours / base:.2f}x")
                 print(f"  / OpenVINO NNCF INT8 (OV default precision)  = {ours / ips['OpenVINO NNCF INT8 (OV default precision)']:.2f}x")
                 print(f"  / OpenVINO NNCF INT8 (f32 float parts)       = {ours / ips['OpenVINO NNCF INT8 (f32 float parts)']:.2f}x")
-                cpu = ips["OpenVINO INT8 (ours, -t cpu: NNCF's scheme)"]
+                cpu = ips["OpenVINO INT8 (ours, -t cpu)"]
                 print(f"  OpenVINO -t cpu / NNCF INT8 (OV default)     = {cpu / ips['OpenVINO NNCF INT8 (OV default precision)']:.2f}x")
                 print(f"  OpenVINO -t cpu / ORT FP32                   = {cpu / base:.2f}x")
         finally:

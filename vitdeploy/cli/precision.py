@@ -42,10 +42,9 @@ def calibrate(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    from vitdeploy.core.errors import UsageError
     from vitdeploy.core.fileio import check_output
     from vitdeploy.core.naming import precision_name
-
-    from vitdeploy.core.errors import UsageError
 
     if quantizer not in ("vitdeploy", "nncf"):  # before any work (stages.precision.QUANTIZERS: numpy, onnx)
         raise UsageError(f"--quantizer {quantizer!r}: choose vitdeploy or nncf")

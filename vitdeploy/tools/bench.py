@@ -452,6 +452,7 @@ def nncf_anchor(fp32: str | Path, folder: str | Path, images: str | Path | None 
         q = nncf.quantize(ov.Core().read_model(str(fp32)), nncf.Dataset(data), model_type=nncf.ModelType.TRANSFORMER,
                           subset_size=len(data))
     xml = Path(folder) / "nncf.int8.xml"
+    xml.parent.mkdir(parents=True, exist_ok=True)
     ov.save_model(q, str(xml))
     return xml, str(chosen.source)
 
