@@ -239,3 +239,24 @@ def _reads(t: str, softmax_out: set[str], producers: dict[str, Any]) -> bool:
         t = p.input[0]
         p = producers.get(t)
     return t in softmax_out
+
+
+def test_infer_on_a_cpu_picks_the_int8_made_for_the_cpu(digits: dict[str, Any], tmp_path: Path) -> None:
+    """Of two INT8 models, the one made for a CPU target comes first on a CPU, though the other (made for no target,
+    the TensorRT placement) is newer."""
+    import dataclasses
+    import os
+
+    from vitdeploy.core.artifact import read_onnx_manifest
+    from vitdeploy.core.manifest import set_onnx_manifest
+    from vitdeploy.tools.infer import candidate_models, onnx_gpu_usable
+
+    if onnx_gpu_usable():
+        pytest.skip("ONNX Runtime has a GPU here: the TensorRT-shaped INT8 is the one to run")
+    shutil.copy(digits["ours"].path, tmp_path / "model.cpu.int8.onnx")
+    trt = onnx.load(str(digits["ours"].path))
+    set_onnx_manifest(trt, dataclasses.replace(read_onnx_manifest(digits["ours"].path), target=None))
+    onnx.save(trt, str(tmp_path / "model.int8.onnx"))
+    os.utime(tmp_path / "model.cpu.int8.onnx", (1e9, 1e9))  # older
+    names = [p.name for p in candidate_models(tmp_path, "onnxruntime")]
+    assert names[:2] == ["model.cpu.int8.onnx", "model.int8.onnx"], names
