@@ -515,7 +515,7 @@ def test_target_errors_are_one_line(made: Any, digits_ckpt: Path, tmp_path: Path
                 ["bundle", str(made(None)["fp32"]), "-o", str(tmp_path / "b")]):
         r = CliRunner().invoke(app, [*cmd, "--target", "trt9"])
         assert r.exit_code == 2, (cmd, r.output)
-        assert "choose one of trt8.5, trt8.6, trt10, trt11, ort" in r.output and len(r.output.strip().splitlines()) == 1
+        assert "choose one of trt8.5, trt8.6, trt10, trt11, cpu, openvino" in r.output and len(r.output.strip().splitlines()) == 1
     r = CliRunner().invoke(app, ["export", str(digits_ckpt), "-o", str(tmp_path / "m.onnx"), "--target", "trt8.6",
                                  "--opset", "18", "--no-check"])
     assert r.exit_code == 1 and "above 17, the highest opset trt8.6's parser reads" in r.output, r.output

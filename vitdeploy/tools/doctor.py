@@ -267,10 +267,10 @@ def machine_target(trt: dict[str, Any], cuda: dict[str, Any], jetson: dict[str, 
         version, via = str(jetson["jetpack_tensorrt"]).split()[0], f"JetPack {jetson.get('jetpack')}'s TensorRT"
     engines = bool(trt.get("available") and cuda.get("available"))
     if version is None:
-        return {"target": None, "cpu_target": "ort",
-                "why": "no TensorRT here, so this machine runs the ort target (ONNX Runtime on the CPU); every artifact "
-                       f"kind ({', '.join(ARTIFACT_KINDS)}) is made here for any target with --target "
-                       "(trt8.5, trt8.6, trt10, trt11, ort) and its engine is built on the device",
+        return {"target": None, "cpu_target": "cpu",
+                "why": "no TensorRT here, so this machine runs the cpu target (ONNX Runtime or OpenVINO on the CPU); "
+                       f"every artifact kind ({', '.join(ARTIFACT_KINDS)}) is made here for any target with --target "
+                       "(trt8.5, trt8.6, trt10, trt11, cpu, openvino) and its engine is built on the device",
                 "engines": {k: "no" for k in ARTIFACT_KINDS}, "dla": None}
     try:
         target = target_of_version(version)

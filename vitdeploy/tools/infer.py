@@ -124,10 +124,9 @@ def candidate_models(folder: str | Path = ".", backend: str = "auto") -> list[Pa
     if backend in ("auto", "onnxruntime", "openvino"):
         gpu = onnx_gpu_usable()
         order = PRECISION_RANK if gpu else {"int8": 0, "fp32": 1, "fp16": 2}
-        onnx = sorted(newest_first(visible("*.onnx")), key=lambda p: order[precision_from_name(p)])
-        if not gpu:  # on a CPU, an INT8 made for the CPU (calibrate -t cpu / openvino) before one made for TensorRT
-            onnx = sorted(onnx, key=lambda p: precision_from_name(p) == "int8" and not made_for_cpu(p))
-        out += onnx
+        # on a CPU, among the INT8 models one made for the CPU (calibrate -t cpu / openvino) before one for TensorRT
+        out += sorted(newest_first(visible("*.onnx")), key=lambda p: (
+            order[precision_from_name(p)], not gpu and precision_from_name(p) == "int8" and not made_for_cpu(p)))
     if backend in ("auto", "torch"):
         ckpts = newest_first(visible("*.pth") + visible("*.pt"))
         out += sorted(ckpts, key=lambda p: p.name != "ckpt.pth")
