@@ -105,7 +105,8 @@ def test_the_original_model_is_not_flagged(models: dict[str, Path]) -> None:
     r = numerics(models["model"], CALIB, num_images=64)
     assert r.images == 64 and r.flagged == [] and fp16_unsafe_tensors(r) == []
     roles = {t.role for t in r.tensors}
-    assert roles == {"layernorm_input", "layernorm_square", "residual_add", "softmax_input", "quantized_input"}
+    assert roles == {"layernorm_input", "layernorm_square", "residual_add", "softmax_input", "quantized_input",
+                     "activation"}
     for t in r.tensors:
         assert t.max_abs > 0 and t.fp16_headroom == pytest.approx(FP16_MAX / t.max_abs)
         if t.role == "quantized_input":
@@ -184,7 +185,43 @@ def test_an_exporters_pow_form_of_layernorm_is_watched_and_other_squares_are_not
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [two])
     found = {(p.tensor, p.role) for p in probes(helper.make_model(g))}
     assert ("sq", "layernorm_square") in found and ("x", "layernorm_input") in found
-    assert not any(t == "x2" for t, _ in found)
+    assert {r for t, r in found if t == "x2"} == {"activation"}  # watched as any float tensor, not as a square
+
+
+def test_a_stream_that_overflows_before_its_first_residual_add_is_kept_where_it_is_made_and_read() -> None:
+    """A LayerScale model's stream is its embedding (patch projection + position embedding): when that overflows,
+    the LayerNorm reading it is float32 already, but the float16 nodes making it write inf. Every float tensor the
+    image reaches is watched at the node that makes it; a constant-only path and shape readers are not."""
+    from onnx import TensorProto, helper
+
+    from vitdeploy.checks.numerics import NumericsReport, TensorStat, probes
+
+    w = numpy_helper.from_array(np.full((4, 4), 3e4, np.float32), "w")
+    pos = numpy_helper.from_array(np.full((1, 4), 1e4, np.float32), "pos")
+    one = numpy_helper.from_array(np.ones(4, np.float32), "one")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["proj"], name="proj"),
+        helper.make_node("Add", ["proj", "pos"], ["emb"], name="add_pos"),
+        helper.make_node("LayerNormalization", ["emb", "one", "one"], ["y"], name="norm"),
+        helper.make_node("Shape", ["emb"], ["shape"], name="shape"),
+        helper.make_node("Mul", ["pos", "pos"], ["pos2"], name="const_only"),
+        helper.make_node("Add", ["y", "pos2"], ["z"], name="out"),
+    ]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4]),
+                           helper.make_tensor_value_info("shape", TensorProto.INT64, [2])], [w, pos, one])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    found = {(p.tensor, p.role, p.node) for p in probes(m)}
+    assert {("proj", "activation", "proj"), ("emb", "activation", "add_pos"), ("emb", "layernorm_input", "norm"),
+            ("y", "activation", "norm"), ("z", "residual_add", "out")} <= found
+    assert ("z", "activation", "out") not in found  # measured once where it is made
+    assert not any(t in ("pos2", "shape") for t, _, _ in found)  # constants alone; not a float
+    emb = TensorStat("emb", "activation", "add_pos", 1.3e5, flags=["fp16_overflow"])
+    rep = NumericsReport("g", 1, [emb, TensorStat("emb", "layernorm_input", "norm", 1.3e5, flags=["fp16_overflow"])])
+    assert fp16_unsafe_nodes(rep) == ["add_pos", "norm"]
+    assert sorted(fp16_unsafe_nodes(rep, m)) == ["add_pos", "norm"]  # the Shape reads no values
+    rep.tensors[0] = TensorStat("proj", "activation", "proj", 1e5, flags=["fp16_overflow"])
+    assert sorted(fp16_unsafe_nodes(rep, m)) == ["add_pos", "norm", "proj"]  # add_pos reads proj
 
 
 def test_convert_fp16_keeps_the_overflowing_tensors_float32_or_refuses_when_forbidden(models: dict[str, Path],

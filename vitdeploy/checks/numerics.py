@@ -11,6 +11,12 @@ as outputs (quantize.with_outputs), and per tensor the report gives max |x| and 
 (65504 / max) at every LayerNorm input, residual Add, Softmax input and LayerNorm squared term; and for
 each activation calibrate would quantize, the inter-channel spread (max over channels of the channel's
 max |x| / the median channel's) and the share of its range that 99.99% of values use.
+
+Every other float tensor the images reach is watched too (role "activation", its max |x| reduced in the
+graph, so no tensor is copied out): a stream that is large from the start overflows before its first
+residual Add (a LayerScale model's patch embedding, position embedding and class token, which the small
+γ of every branch leaves dominant), and a float32 LayerNorm does not help when the float16 node that
+makes its input has already written inf. Such a tensor's node, and every node that reads it, stay float32.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from vitdeploy.core.errors import UsageError, VitdeployError
 FP16_MAX = 65504.0
 PERCENTILE = 99.99
 
-ROLES = ("layernorm_input", "layernorm_square", "residual_add", "softmax_input", "quantized_input")
+ROLES = ("layernorm_input", "layernorm_square", "residual_add", "softmax_input", "quantized_input", "activation")
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -96,12 +102,19 @@ def fp16_unsafe_tensors(report: NumericsReport) -> list[str]:
     return list(out)
 
 
-def fp16_unsafe_nodes(report: NumericsReport) -> list[str]:
-    """The nodes behind ``fp16_unsafe_tensors`` (what graph/fp16.to_fp16's ``keep_fp32_nodes`` takes)."""
+def fp16_unsafe_nodes(report: NumericsReport, model: Any = None) -> list[str]:
+    """The nodes behind ``fp16_unsafe_tensors`` (what graph/fp16.to_fp16's ``keep_fp32_nodes`` takes). With the
+    ``model`` measured, also every node that reads such a tensor: a float16 reader gets it through a Cast to float16,
+    that is as inf."""
     out: dict[str, None] = {}
     for t in report.tensors:
         if "fp16_overflow" in t.flags:
             out.setdefault(t.node, None)
+    if model is not None:
+        unsafe = set(fp16_unsafe_tensors(report))
+        for n in model.graph.node:
+            if n.op_type not in ("Shape", "Size") and unsafe.intersection(n.input):  # those two read no values
+                out.setdefault(n.name, None)
     return list(out)
 
 
@@ -168,6 +181,27 @@ def probes(model: Any) -> list[Probe]:
         axis = 1 if la.kind == "conv" else -1  # the channels a per-tensor scale must cover
         for t in tensors_to_calibrate([la]):
             out.append(Probe(t, "quantized_input", la.node, channel_axis=axis))
+    made_at = {p.tensor for p in out if p.tensor in producers and p.node == producers[p.tensor].name}
+    return out + _activations(model, made_at)
+
+
+def _activations(model: Any, measured: set[str]) -> list[Probe]:
+    """Every float tensor a node makes from the images (not from constants alone), at the node that makes it, but
+    those already watched there (a residual Add, a spelled-out square): what the FP16 graph would compute in float16."""
+    from onnx import TensorProto
+
+    from vitdeploy.runners.oracle.loader import declared_types
+
+    types = declared_types(model)
+    inits = {i.name for i in model.graph.initializer}
+    live = {i.name for i in model.graph.input if i.name not in inits}
+    out: list[Probe] = []
+    for n in model.graph.node:
+        if not live.intersection(n.input):
+            continue
+        live.update(o for o in n.output if o)
+        out += [Probe(o, "activation", n.name) for o in n.output
+                if o and o not in measured and types.get(o) == TensorProto.FLOAT]
     return out
 
 
@@ -283,14 +317,18 @@ def measure(model: Any, manifest: Any, images: Any, batch_size: int = 32, safety
     from vitdeploy.runners.onnxruntime import session
 
     watch = probes(model)
-    names = list(dict.fromkeys(p.tensor for p in watch))
-    sess = session(with_outputs(model, names))
+    names = list(dict.fromkeys(p.tensor for p in watch if p.role != "activation"))
+    peaks = [t for t in dict.fromkeys(p.tensor for p in watch if p.role == "activation") if t not in set(names)]
+    graph, peak_outputs = _with_peaks(with_outputs(model, names), peaks)
+    sess = session(graph)
     inp = sess.get_inputs()[0].name
+    fetch = names + peak_outputs
     accs = [_Acc(p) for p in watch]
     done = read = 0
     for b in images.batches(manifest.pp(), batch_size):
         if len(b.paths):
-            outs = dict(zip(names, sess.run(names, {inp: b.array}), strict=True))
+            got = sess.run(fetch, {inp: b.array})
+            outs = dict(zip(names + peaks, got, strict=True))
             for acc in accs:
                 acc.add(outs[acc.probe.tensor])
             read += len(b.paths)
@@ -303,3 +341,18 @@ def measure(model: Any, manifest: Any, images: Any, batch_size: int = 32, safety
         raise VitdeployError(f"none of the {len(images)} images could be read{first}")
     stats = [a.stat(safety, spread_limit) for a in accs]
     return NumericsReport(name, read, stats, safety, spread_limit, skipped)
+
+
+def _with_peaks(model: Any, tensors: list[str]) -> tuple[Any, list[str]]:
+    """``model`` (changed in place) also answering max |x| of each tensor as a scalar (Abs, then ReduceMax over every
+    axis), and those outputs' names in order: the whole graph's range at the memory of one inference."""
+    from onnx import TensorProto, helper
+
+    outs = []
+    for i, t in enumerate(tensors):
+        a, m = f"numerics_abs_{i}", f"numerics_peak_{i}"
+        model.graph.node.extend([helper.make_node("Abs", [t], [a], name=a),
+                                 helper.make_node("ReduceMax", [a], [m], name=m, keepdims=0)])
+        model.graph.output.append(helper.make_tensor_value_info(m, TensorProto.FLOAT, []))
+        outs.append(m)
+    return model, outs

@@ -145,7 +145,7 @@ def fp16_headroom(model: Any, manifest: Manifest, images: str | Path | ImageSet 
         return [], None
     report = measure(model, manifest, chosen, name=str(src))
     over = [t for t in report.tensors if "fp16_overflow" in t.flags]
-    unsafe = fp16_unsafe_nodes(report)
+    unsafe = fp16_unsafe_nodes(report, model)  # what makes or reads a tensor past float16's range
     if over and not keep_unsafe:
         worst = min(over, key=lambda t: t.fp16_headroom or 0.0)
         raise VitdeployError(
