@@ -6,8 +6,10 @@ the TensorRT oracle:
   65504 (the digits models' streams peak between about 0.5 and 5, LayerScale ones lowest), as pretrained CLIP and
   DINOv2 streams do at their own scale (onnxsim#1742: |x| up to 1,418 in HF ViT-B, whose spelled-out LayerNorm
   square then overflows). numerics flags the residual Adds and the
-  LayerNorm squares; convert-fp16 for trt10 keeps the flagged nodes float32, and that FP16 model answers like FP32
-  on the trt10 oracle where the one converted without measuring (no float32 islands) does not;
+  LayerNorm squares, and in the LayerScale families (whose small γ leave the embedding dominant) the patch
+  embedding, position Add and token Concat before the first block; convert-fp16 for trt10 keeps the flagged nodes
+  and their readers float32, and that FP16 model answers like FP32 on the trt10 oracle where the one converted
+  without measuring (no float32 islands) does not;
 * a 50× spread of a few LayerNorm output channels (helpers.with_spread, at every LayerNorm → GEMM the family has):
   numerics flags it for INT8, and calibrate's --smooth auto for trt10 takes it back, measured on the trt10 oracle.
 """
@@ -33,13 +35,14 @@ MIN_AGREEMENT = 0.98
 
 
 def _export(model: object, manifest: object, out: Path) -> Path:
-    """The product's export steps (TorchScript export, then its cleanup) on a model in memory: the rewritten model's
-    per-LayerNorm ε cannot be said in a checkpoint's config."""
+    """The product's export steps (LayerScale folded into the Linear before it, TorchScript export, then its cleanup)
+    on a model in memory: the rewritten model's per-LayerNorm ε cannot be said in a checkpoint's config."""
     from vitdeploy.core.artifact import OnnxArtifact
+    from vitdeploy.model.vit import fold_layer_scale
     from vitdeploy.stages.export import _clean, _torch_export
 
     h, w = manifest.input_size  # type: ignore[attr-defined]
-    m = _clean(_torch_export(model, out.parent, h, w, 17), manifest, 17)  # type: ignore[arg-type]
+    m = _clean(_torch_export(fold_layer_scale(model), out.parent, h, w, 17), manifest, 17)  # type: ignore[arg-type]
     OnnxArtifact.write(m, manifest.derive(precision="fp32"), out)  # type: ignore[attr-defined]
     return out
 
@@ -91,18 +94,9 @@ def test_the_rewrites_are_exactly_equivalent_in_fp32(family: tuple[str, dict[str
         assert rel_err(ort_run(m[k], x), ref) <= 1e-4, k
 
 
-# Not reached yet (issue 30, part 5): on these families the float32 islands of the FP16 artifact do not yet keep the
-# overflowing residual stream as the test demands (measured 2026-11-27 on main; the others pass). strict: the test
-# fails the day they pass, so the mark comes off.
-FP16_NOT_YET = {"layerscale", "registers", "token_avg", "beit"}
-
-
 def test_fp16_keeps_the_overflowing_stream_float32_and_agrees_on_the_trt10_oracle(
-        family: tuple[str, dict[str, Path]], digits_val10: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+        family: tuple[str, dict[str, Path]], digits_val10: Path, tmp_path: Path) -> None:
     from vitdeploy.checks.numerics import FP16_MAX, numerics
-
-    if family[0] in FP16_NOT_YET:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="issue 30 part 5 not reached for this family"))
     from vitdeploy.core.artifact import read_onnx_manifest
     from vitdeploy.stages.precision import convert_fp16
 

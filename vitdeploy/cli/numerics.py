@@ -30,8 +30,9 @@ def numerics(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON to FILE ('-': stdout, without the table)."),
     show_all: bool = typer.Option(False, "--all", help="List every watched tensor, not only the flagged ones."),
 ) -> None:
-    """Max |x| and FP16 headroom at every LayerNorm input, its squared term, residual Add and Softmax input; the
-    inter-channel spread and range use of every activation INT8 would quantize. Flags what would overflow or collapse."""
+    """Max |x| and FP16 headroom at every LayerNorm input, its squared term, residual Add and Softmax input, and of
+    every other float tensor (role activation); the inter-channel spread and range use of every activation INT8 would
+    quantize. Flags what would overflow or collapse."""
     from rich import box
     from rich.table import Table
 
