@@ -59,6 +59,44 @@ def test_bundle_of_each_family_passes_trt10_and_agrees_with_fp32_on_the_oracle(n
         assert not found, [f.line() for f in found]
     for art in ("model.onnx", "model.int8.onnx", "model.fp16.onnx"):
         assert not cf.check_onnx(ckpt.parent / art, "trt10").findings
+    _downstream(ckpt, ckpt.parent / "b", digits_val10, tmp_path)
+
+
+def _downstream(ckpt: Path, bundle_dir: Path, images: Path, tmp_path: Path) -> None:
+    """infer, the bundle's run.py and benchmark on the family's artifacts: infer gives the checkpoint's answers (torch)
+    from the FP32 ONNX to 1e-4; run.py passes --check against the bundle's reference logits and answers each image as
+    infer does on the same model; benchmark measures the INT8 model."""
+    from helpers import load_run_py
+
+    files = [sorted(d.iterdir())[0] for d in sorted(images.iterdir())[:4]]
+    preds = {}
+    for name, model in (("torch", ckpt), *((p, ckpt.parent / f"model{'' if p == 'fp32' else '.' + p}.onnx")
+                                          for p in ("fp32", "fp16", "int8"))):
+        out = tmp_path / f"infer-{name}.json"
+        r = CliRunner().invoke(app, ["infer", *map(str, files), "-m", str(model), "-k", "3", "--json", str(out)])
+        assert r.exit_code == 0, r.output
+        preds[name] = {Path(p["path"]).name: p for p in json.loads(out.read_text())["predictions"]}
+    for f in files:
+        t, o = preds["torch"][f.name], preds["fp32"][f.name]
+        assert t["label"] == o["label"] and abs(t["score"] - o["score"]) <= 1e-4, (t, o)
+    run_py = load_run_py(bundle_dir / "run.py")
+    assert run_py.main(["--check"]) == 0
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert run_py.main([*map(str, files), "--json"]) == 0
+    rows = [json.loads(line) for line in buf.getvalue().splitlines()]
+    default = json.loads((bundle_dir / "manifest.json").read_text())["bundle"]["default_model"]  # its raw-pixel variant
+    ref = preds[next((p for p in ("int8", "fp16") if f".{p}." in default), "fp32")]
+    assert [Path(r["path"]).name for r in rows] == [f.name for f in files]
+    assert all(r["label"] == ref[Path(r["path"]).name]["label"] for r in rows), (rows, ref)
+    bench = tmp_path / "bench.json"
+    r = CliRunner().invoke(app, ["benchmark", str(ckpt.parent / "model.int8.onnx"), "--batch-sizes", "1",
+                                 "--iterations", "3", "--warmup", "1", "--json", str(bench)])
+    assert r.exit_code == 0, r.output
+    assert all(x["throughput"] > 0 for x in json.loads(bench.read_text())["results"])
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
