@@ -95,6 +95,20 @@ def test_a_model_made_for_a_cpu_runs_on_openvino_where_installed_else_onnxruntim
     assert code == 1 and "pip install openvino" in one_line(err)
 
 
+def test_a_cpu_int8_runs_on_onnxruntime_on_a_cpu_without_vnni_unless_made_for_openvino(tmp_path: Path) -> None:
+    """run.py's auto choice as vitdeploy's (runners.default_backend): by the CPU's flags and the model's record."""
+    mod = load_run_py(Path(__file__).resolve().parents[1] / "vitdeploy" / "stages" / "bundle_files" / "run.py")
+    avx2, vnni = tmp_path / "avx2", tmp_path / "vnni"
+    avx2.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    vnni.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 avx512f avx512_vnni\n")
+    cpu8, ov8, cpu32 = ({"target": t, "precision": p} for t, p in (("cpu", "int8"), ("openvino", "int8"), ("cpu", "fp32")))
+    assert [mod.openvino_for(a, "auto", str(avx2)) for a in (cpu8, ov8, cpu32)] == ["no", "auto", "auto"]
+    assert [mod.openvino_for(a, "auto", str(vnni)) for a in (cpu8, ov8, cpu32)] == ["auto", "auto", "auto"]
+    assert mod.openvino_for({"target": "trt10", "precision": "int8"}, "auto", str(vnni)) == "no"
+    assert mod.openvino_for(cpu8, "openvino", str(avx2)) == "yes"
+    assert mod.openvino_for(cpu8, "onnxruntime", str(vnni)) == "no"
+
+
 def test_a_model_made_for_no_target_stays_on_onnxruntime(copy: Path, capsys: pytest.CaptureFixture) -> None:
     code, err, out = run(copy, "--check", "--json", capsys=capsys)
     assert code == 0 and json.loads(out)["backend"] == "onnxruntime", (err, out)

@@ -13,7 +13,8 @@ resizes and crops, exactly as vitdeploy does. With the engine ./build_engine.sh
 built for this TensorRT (manifest.json's bundle.tensorrt.engines names it) it runs
 on TensorRT, else on ONNX Runtime; an engine here without TensorRT's Python module
 is said, never passed over for the ONNX quietly. A model made for a CPU (vitdeploy calibrate -t cpu / -t openvino)
-runs on OpenVINO where it is installed (its INT8 runs fastest there), else on ONNX Runtime.
+runs on OpenVINO where it is installed, else on ONNX Runtime; its INT8 (-t cpu) on an x86 CPU without VNNI runs on
+ONNX Runtime, faster there.
 
 Every failure is one line on stderr and exit 1 (2 for a wrong option); RUN_PY_DEBUG=1 shows the traceback. Every
 run first checks the model file against the SHA-256 that manifest.json records (--check: every model file), and
@@ -262,6 +263,31 @@ class OvModel:
 
 
 CPU_TARGETS = ("cpu", "ort", "openvino")  # vitdeploy's CPU targets (ort: cpu's old name)
+INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # as vitdeploy/core/host.py: this file runs without vitdeploy
+
+
+def cpu_int8_dot_exact(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this x86 CPU has an int8 dot product without int16 saturation (True where nothing says otherwise)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            text = f.read(1 << 20)
+    except OSError:
+        return True
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), None)
+    return flags is None or any(f in flags for f in INT8_DOT_FLAGS)
+
+
+def openvino_for(art: dict, backend: str, cpuinfo: str = "/proc/cpuinfo") -> str:
+    """open_onnx's openvino argument: "yes" when asked for; "auto" (OpenVINO where installed) for a model made for a
+    CPU, except an INT8 one made for -t cpu on a CPU without VNNI, which ONNX Runtime runs faster there (vitdeploy's
+    docs/cpu-backends.md); "no" otherwise."""
+    if backend == "openvino":
+        return "yes"
+    if backend != "auto" or art.get("target") not in CPU_TARGETS:
+        return "no"
+    if art.get("precision") == "int8" and art.get("target") != "openvino" and not cpu_int8_dot_exact(cpuinfo):
+        return "no"
+    return "auto"
 NULLPTR = "factory function returned nullptr"
 DRIVER_ADVICE = ("check the NVIDIA driver (nvidia-smi; on a Jetson, the JetPack install): it must be new enough for "
                  "this TensorRT's CUDA")
@@ -716,8 +742,7 @@ def _main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: manifest.json's engine entry names {safe(run_onnx)}, which is not one of its models: "
                          "copy the bundle again")
     data = verify_files(info, list(info["artifacts"]) if args.check else [run_onnx], None if entry else run_onnx)
-    ov = ("yes" if args.backend == "openvino" else "auto" if args.backend == "auto" and art.get("target") in CPU_TARGETS
-          else "no")
+    ov = openvino_for(art, args.backend)
     model: OrtModel | OvModel | TrtModel = (open_engine(entry["engine"], args.dla_core) if entry
                                             else open_onnx(run_onnx, data or b"", ov))
     del data
