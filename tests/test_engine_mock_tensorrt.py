@@ -131,6 +131,31 @@ def test_mock_tensorrt_fp16_artifact_on_8x_sets_fp16_flag_and_dla(mocked: Any) -
     assert ("profile", ("pixel_values", (2, 3, 32, 32), (2, 3, 32, 32), (2, 3, 32, 32))) in calls
 
 
+def test_mock_tensorrt_8x_pins_the_nodes_numerics_kept_float32(mocked: Any) -> None:
+    """A node convert-fp16 kept float32 because its tensor overflows float16 (manifest numerics.kept_fp32_nodes) is
+    pinned to FP32 on a weakly typed 8.x build, as LayerNorm and Softmax are; the same graph without that record pins
+    nothing here (a Gemm is no float32 island by itself)."""
+    import onnx
+
+    from vitdeploy.core.artifact import OnnxArtifact
+    from vitdeploy.core.manifest import set_onnx_manifest
+    from vitdeploy.stages.engine import BuildOptions, build_engine
+
+    pinned = {}
+    for kept in ([], ["head"]):
+        path = write_linear_onnx(Path(f"model{len(kept)}.fp16.onnx"), precision="fp16")
+        m = onnx.load(str(path))
+        man = OnnxArtifact.open(path).manifest
+        man.extra["numerics"] = {"kept_fp32_nodes": kept}
+        set_onnx_manifest(m, man)
+        onnx.save(m, str(path))
+        calls = mocked["install"]("8.5.2.2")
+        build_engine(str(path), BuildOptions())
+        pinned[len(kept)] = {c[1] for c in calls if c[0] == "precision" and c[2] == "FLOAT"}
+        assert ("output_type", "head", 0, "FLOAT") in calls or not kept
+    assert "head" not in pinned[0] and "head" in pinned[1]
+
+
 def test_mock_tensorrt_dla_core_beyond_the_device_is_refused_before_building(mocked: Any) -> None:
     from vitdeploy.stages.engine import BuildOptions, build_engine
 

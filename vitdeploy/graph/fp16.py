@@ -129,3 +129,20 @@ def fp32_islands(model: Any) -> list[str]:
     """Names of the nodes that compute in float32 inside an FP16 graph (for the manifest and tests), and that an 8.x
     FP16/INT8 build pins to FP32: LayerNorm (one op or spelled out), Softmax, the reductions."""
     return [n.name for n in model.graph.node if n.op_type in FP32_OPS or LN_MARKER in n.name]
+
+
+def pinned_fp32_nodes(model: Any) -> set[str]:
+    """The nodes an 8.x (weakly typed) FP16/INT8 build pins to FP32: the islands every FP16 graph keeps
+    (fp32_islands), and the nodes convert-fp16 / calibrate kept float32 because numerics measured a tensor they make
+    or read past float16's range (the manifest's numerics.kept_fp32_nodes). Declaring them float32 in the graph is
+    not enough there: under the FP16 flag the builder may still pick FP16 for a float32 layer unless its precision is
+    constrained (TensorRT "Precision Control"), and FP16 is where those tensors overflow."""
+    from vitdeploy.core.artifact import manifest_from_onnx
+
+    names = set(fp32_islands(model))
+    try:
+        record = manifest_from_onnx(model, "the graph").extra.get("numerics") or {}
+    except Exception:  # no vitdeploy manifest: only the islands every FP16 graph has
+        return names
+    kept = record.get("kept_fp32_nodes") if isinstance(record, dict) else None
+    return names | {n for n in (kept or []) if isinstance(n, str)}

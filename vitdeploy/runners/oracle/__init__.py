@@ -38,8 +38,9 @@ The rules it follows, each with its source:
    reductions, Softmax and LayerNormalization compute in float32 and round their result once.
 5. **Layers an 8.x build pins to FP32** (``stages/engine.py pin_float32_layers``: ``layer.precision`` and the
    output types set to FP32 under OBEY_PRECISION_CONSTRAINTS): for ``trt8.5`` / ``trt8.6`` every Softmax,
-   every reduction and every node ``graph/fp16.py fp32_islands`` names (LayerNorm, one op or spelled out,
-   Pow, Sqrt) computes from float32 inputs and outputs float32, whatever the graph declares. Other layers of
+   every reduction, every node ``graph/fp16.py fp32_islands`` names (LayerNorm, one op or spelled out,
+   Pow, Sqrt) and every node numerics kept float32 (the manifest's kept_fp32_nodes: ``pinned_fp32_nodes``)
+   computes from float32 inputs and outputs float32, whatever the graph declares. Other layers of
    a weakly typed 8.x build follow the graph's types here; its builder may still pick FP16 for an
    FP32-declared layer under the FP16 flag, which no CPU can predict.
 

@@ -213,9 +213,9 @@ def pinned_nodes(model: Any, target: str | None) -> set[str]:
     """The nodes an 8.x build pins to FP32 (stages/engine.py pin_float32_layers): none for other targets."""
     if target not in PINNED_TARGETS:
         return set()
-    from vitdeploy.graph.fp16 import fp32_islands
+    from vitdeploy.graph.fp16 import pinned_fp32_nodes
 
-    return set(fp32_islands(model)) | {n.name for n in model.graph.node if n.op_type in PINNED_OPS}
+    return pinned_fp32_nodes(model) | {n.name for n in model.graph.node if n.op_type in PINNED_OPS}
 
 
 def _named(model: Any) -> Any:

@@ -189,12 +189,13 @@ def engine_receipt(trt: Any, serialized: Any, log: Any) -> Receipt:
 
 def pin_float32_layers(trt: Any, network: Any, model: Any) -> int:
     """On a weakly typed (8.x) FP16/INT8 build, make the graph's float32 islands binding: every Softmax and reduction
-    layer and every layer of a LayerNorm (one op, or spelled out for 8.5) computes and outputs FP32 (with
+    layer, every layer of a LayerNorm (one op, or spelled out for 8.5) and every node numerics kept float32 (the
+    manifest's kept_fp32_nodes: graph/fp16.py pinned_fp32_nodes) computes and outputs FP32 (with
     OBEY_PRECISION_CONSTRAINTS set). Layers are matched to ONNX nodes by name, as onnx-tensorrt names them.
     ``model`` is the artifact's graph (onnx.ModelProto). Returns how many layers were pinned."""
-    from vitdeploy.graph.fp16 import fp32_islands
+    from vitdeploy.graph.fp16 import pinned_fp32_nodes
 
-    names = set(fp32_islands(model))
+    names = pinned_fp32_nodes(model)
     kinds = (trt.LayerType.SOFTMAX, trt.LayerType.REDUCE)
     pinned = 0
     for i in range(network.num_layers):
