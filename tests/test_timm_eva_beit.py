@@ -88,6 +88,11 @@ def test_state_dict_with_arch_gives_timm_logits(saved: dict[str, dict[str, Any]]
     ref = _timm_logits(s["full"], x)
     assert rel_err(ours, ref) < TOL, (name, rel_err(ours, ref))
     assert ck.manifest.model["depth"] == s["full"].blocks.__len__()
+    # and the exported ONNX of the full-size state dict, as `vitdeploy export weights.pth --arch NAME` writes it
+    onnx_path = export_onnx(s["sd"], s["dir"] / "arch.onnx", check=False, arch=name).path
+    err = rel_err(ort_run(onnx_path, x.numpy()), ref)
+    print(f"{name} --arch (full size) ONNX: max rel. diff to timm {err:.2e}")
+    assert err < TOL, (name, err)
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -80,7 +80,8 @@ ARCH_CASES = [n if n in FULL_SIZE_IN_CI else pytest.param(n, marks=pytest.mark.s
 
 @pytest.mark.parametrize("name", ARCH_CASES)
 def test_timm_state_dict_with_arch_gives_timm_logits(name: str, tmp_path: Path) -> None:
-    """The full named architecture from a bare state dict and --arch: our model's logits equal timm's."""
+    """The full named architecture from a bare state dict and --arch: our model's logits, and its exported ONNX's,
+    equal timm's."""
     from vitdeploy.model.importers import load_any
 
     ref = perturb(timm.create_model(name, pretrained=False, num_classes=NUM_CLASSES, weight_init="skip"), seed=7)
@@ -97,6 +98,12 @@ def test_timm_state_dict_with_arch_gives_timm_logits(name: str, tmp_path: Path) 
         got = ck.build().eval()(torch.from_numpy(x)).numpy()
     print(f"{name} --arch (full size, torch): max rel. diff to timm {rel_err(got, expect):.2e}")
     assert rel_err(got, expect) <= TOL
+    # and the ONNX `vitdeploy export weights.safetensors --arch NAME` writes
+    from vitdeploy.stages.export import export_onnx
+
+    err = rel_err(ort_run(export_onnx(sd, tmp_path / "model.onnx", check=False, arch=name).path, x), expect)
+    print(f"{name} --arch (full size) ONNX: max rel. diff to timm {err:.2e}")
+    assert err <= TOL
 
 
 @pytest.mark.parametrize("name", MODELS)
