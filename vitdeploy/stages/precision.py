@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,6 +235,24 @@ def _read_cache(path: Path, key: str) -> tuple[dict[str, dict[str, float]], int]
         return None
 
 
+def _read_batches(files: ImageSet, manifest: Manifest, batch_size: int, progress: Progress | None,
+                  skipped: list[tuple[str, str]]) -> Iterator[np.ndarray]:
+    """The calibration images as preprocessed batches, each counted in ``progress`` once the caller is done with it;
+    the unreadable ones appended to ``skipped`` as (path, why)."""
+    done = 0
+    for b in files.batches(manifest.pp(), batch_size):
+        skipped += [(str(p), why) for p, why in b.skipped]
+        done += len(b.paths) + len(b.skipped)
+        if len(b.paths):
+            yield b.array
+        if progress:
+            progress("calibrate", {"done": done, "total": len(files)})
+
+
+def _none_read(files: ImageSet, skipped: list[tuple[str, str]]) -> VitdeployError:
+    return VitdeployError(f"none of the {len(files)} calibration images could be read (e.g. {skipped[0][0]}: {skipped[0][1]})")
+
+
 def _collect_ranges(
     model: Any,
     tensors: list[str],
@@ -250,17 +268,11 @@ def _collect_ranges(
     name = sess.get_inputs()[0].name
     rc = RangeCollector(tensors)
     skipped: list[tuple[str, str]] = []
-    done = 0
-    for b in files.batches(manifest.pp(), batch_size):
-        skipped += [(str(p), why) for p, why in b.skipped]
-        if len(b.paths):
-            outs = sess.run(tensors, {name: b.array})
-            rc.add(dict(zip(tensors, outs, strict=True)), len(b.paths))
-        done += len(b.paths) + len(b.skipped)
-        if progress:
-            progress("calibrate", {"done": done, "total": len(files)})
+    for x in _read_batches(files, manifest, batch_size, progress, skipped):
+        outs = sess.run(tensors, {name: x})
+        rc.add(dict(zip(tensors, outs, strict=True)), len(x))
     if rc.images == 0:
-        raise VitdeployError(f"none of the {len(files)} calibration images could be read (e.g. {skipped[0][0]}: {skipped[0][1]})")
+        raise _none_read(files, skipped)
     if rc.images < batch_size:
         raise VitdeployError(
             f"only {rc.images} readable calibration image(s), fewer than one batch ({batch_size}): "
@@ -705,19 +717,11 @@ def _calibrate_nncf(art: OnnxArtifact, model: Any, manifest: Manifest, files: Im
     from vitdeploy.graph.nncf_ptq import nncf_quantize, nncf_version
     from vitdeploy.graph.quantize import QuantizedGraphSwitch
 
-    batches: list[np.ndarray] = []
     skipped: list[tuple[str, str]] = []
-    done = 0
-    for b in files.batches(manifest.pp(), batch_size):
-        skipped += [(str(p), why) for p, why in b.skipped]
-        if len(b.paths):
-            batches.append(b.array)
-        done += len(b.paths) + len(b.skipped)
-        if progress:
-            progress("calibrate", {"done": done, "total": len(files)})
+    batches = list(_read_batches(files, manifest, batch_size, progress, skipped))
     n_read = sum(len(b) for b in batches)
     if n_read == 0:
-        raise VitdeployError(f"none of the {len(files)} calibration images could be read (e.g. {skipped[0][0]}: {skipped[0][1]})")
+        raise _none_read(files, skipped)
     if n_read < FEW_IMAGES:
         warnings.append(f"only {n_read} calibration images: 300 or more give NNCF stable ranges (fewer than {FEW_IMAGES} may not)")
     fp32 = model
