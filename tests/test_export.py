@@ -342,13 +342,31 @@ def test_check_graph_rejects_broken_graphs(digits_export, tmp_path: Path) -> Non
     assert list(tmp_path.iterdir()) == []  # its scratch files are gone
 
 
-def test_headless_model_is_refused_in_one_line(tmp_path: Path) -> None:
+def test_headless_model_exports_as_an_embedding_model(tmp_path: Path) -> None:
+    """A backbone (num_classes 0) is an embedding model (core/task.py): its output is `embedding` [batch, width], the
+    pooled features its own forward gives, and the manifest says so. (It was refused before tasks existed.)"""
+    import onnx
+    import onnxruntime as ort
+    import torch
+
     p = get_preset("vit-digits")
     cfg = p.config.with_(depth=1, num_classes=0)
-    ck = save_checkpoint(tmp_path / "enc.pth", VisionTransformer(cfg),
+    model = VisionTransformer(cfg).eval()
+    ck = save_checkpoint(tmp_path / "enc.pth", model,
                          Manifest(model=cfg.to_dict(), labels=[], preprocess=dict(p.preprocess), name=p.name))
     out = tmp_path / "model.onnx"
     res = CliRunner().invoke(app, ["export", str(ck), "-o", str(out)])
-    assert res.exit_code == 1 and "Traceback" not in res.output
-    assert "without a classification head" in res.stderr and "--init" in res.stderr
-    assert not out.exists()
+    assert res.exit_code == 0, res.output
+    m = onnx.load(str(out))
+    assert [o.name for o in m.graph.output] == ["embedding"]
+    assert [d.dim_param or d.dim_value for d in m.graph.output[0].type.tensor_type.shape.dim] == ["batch", cfg.embed_dim]
+    from vitdeploy.core.artifact import read_onnx_manifest
+    from vitdeploy.core.task import task_of
+
+    task = task_of(read_onnx_manifest(out))
+    assert task.is_embedding and task.dim == cfg.embed_dim and task.pool == "cls"
+    x = np.random.default_rng(0).standard_normal((3, 3, *cfg.image_size)).astype(np.float32)
+    got = ort.InferenceSession(str(out)).run(None, {"pixel_values": x})[0]
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    assert np.max(np.abs(got - ref)) <= 1e-4 * np.max(np.abs(ref))

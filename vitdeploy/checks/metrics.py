@@ -199,3 +199,132 @@ def require_finite(logits: np.ndarray, what: str = "the model") -> None:
     ok = finite_rows(logits)
     if not ok.all():
         raise NonFiniteOutput(nonfinite_note(int((~ok).sum()), len(ok), what))
+
+
+# --- embedding models: the figures TensorRT-Model-Connect gates on, and DINOv2's kNN ---------------------------
+
+KNN_K = 20  # DINOv2's eval/knn.py: k=20 neighbours, temperature 0.07, votes weighted exp(cos / T)
+KNN_T = 0.07
+
+
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (an all-zero row stays zero)."""
+    v = np.asarray(x, dtype=np.float64)
+    n = np.linalg.norm(v, axis=1, keepdims=True)
+    return np.asarray(v / np.where(n > 0, n, 1.0))
+
+
+def nearest_neighbours(x: np.ndarray) -> np.ndarray:
+    """Each row's nearest other row by cosine (leave-one-out), as an index."""
+    z = l2_normalize(x)
+    sim = z @ z.T
+    np.fill_diagonal(sim, -np.inf)
+    return np.asarray(sim.argmax(axis=1))
+
+
+def knn_predict(gallery: np.ndarray, gallery_labels: np.ndarray, queries: np.ndarray, num_classes: int,
+                k: int = KNN_K, temperature: float = KNN_T, leave_one_out: bool = False) -> np.ndarray:
+    """Class scores per query by DINOv2's weighted kNN (eval/knn.py): the k most cosine-similar gallery rows vote for
+    their class with weight exp(cos / T). ``leave_one_out``: the queries are the gallery, each row's own vote left
+    out. Returns [queries, num_classes]."""
+    g, q = l2_normalize(gallery), l2_normalize(queries)
+    sim = q @ g.T
+    if leave_one_out:
+        np.fill_diagonal(sim, -np.inf)
+    k = max(1, min(k, g.shape[0] - int(leave_one_out)))
+    idx = np.argpartition(-sim, kth=k - 1, axis=1)[:, :k]
+    s = np.take_along_axis(sim, idx, axis=1)
+    z = np.asarray(s, dtype=np.float64) / temperature
+    w = np.exp(z - z.max(axis=1, keepdims=True))  # shifted: same votes, no overflow
+    scores = np.zeros((len(q), num_classes))
+    np.add.at(scores, (np.repeat(np.arange(len(q)), k), np.asarray(gallery_labels)[idx].ravel()), w.ravel())
+    return scores
+
+
+def knn_accuracy(x: np.ndarray, labels: np.ndarray, k: int = KNN_K, temperature: float = KNN_T) -> float:
+    """Leave-one-out kNN top-1 of a labelled set's embeddings (DINOv2's weighted vote)."""
+    y = np.asarray(labels)
+    if len(y) < 2:
+        return 0.0
+    scores = knn_predict(x, y, x, int(y.max()) + 1, k, temperature, leave_one_out=True)
+    return float((scores.argmax(1) == y).mean())
+
+
+@dataclass(frozen=True)
+class EmbeddingComparison:
+    """A candidate's embeddings against the reference's, per image: cosine (mean, 1st percentile, minimum), the
+    relative Frobenius error ||C − R|| / ||R||, the share of images whose nearest neighbour in the set is the
+    reference's, and (with labels) both models' leave-one-out kNN top-1."""
+
+    rows: int
+    cosine_mean: float
+    cosine_p1: float
+    cosine_min: float
+    rel_frobenius: float
+    nn_agreement: float
+    knn_top1: float | None = None
+    knn_top1_reference: float | None = None
+    nonfinite: int = 0
+    per_image_cosine: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def finite(self) -> bool:
+        return not self.nonfinite
+
+    @property
+    def knn_drop_points(self) -> float | None:
+        if self.knn_top1 is None or self.knn_top1_reference is None:
+            return None
+        return round(100.0 * (self.knn_top1_reference - self.knn_top1), 4)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "rows": self.rows,
+            "cosine_mean": self.cosine_mean,
+            "cosine_p1": self.cosine_p1,
+            "cosine_min": self.cosine_min,
+            "rel_frobenius": self.rel_frobenius,
+            "nn_agreement": self.nn_agreement,
+            "nonfinite": self.nonfinite,
+        }
+        if self.knn_top1 is not None:
+            d.update(knn_top1=self.knn_top1, knn_top1_reference=self.knn_top1_reference,
+                     knn_drop_points=self.knn_drop_points)
+        return d
+
+
+def compare_embeddings(reference: np.ndarray, candidate: np.ndarray, labels: np.ndarray | None = None) -> EmbeddingComparison:
+    """The one comparator for embedding models ([N, D] rows; [N, P, D] patch tokens are compared per token, their
+    figures then over every token). A non-finite row has cosine 0 and never agrees."""
+    ref = np.asarray(reference, dtype=np.float64)
+    cand = np.asarray(candidate, dtype=np.float64)
+    if ref.shape != cand.shape:
+        raise ValueError(f"reference has shape {list(ref.shape)}, candidate {list(cand.shape)}")
+    n = len(ref)
+    if n == 0:
+        return EmbeddingComparison(0, 1.0, 1.0, 1.0, 0.0, 1.0)
+    r2, c2 = ref.reshape(-1, ref.shape[-1]), cand.reshape(-1, cand.shape[-1])
+    ok = finite_rows(r2) & finite_rows(c2)
+    r0, c0 = np.where(ok[:, None], r2, 0.0), np.where(ok[:, None], c2, 0.0)
+    cos = np.where(ok, cosine_rows(r0, c0), 0.0)
+    frob = float(np.linalg.norm(c0 - r0)) / max(float(np.linalg.norm(r0)), 1e-300) if ok.all() else float("inf")
+    if ref.ndim == 2 and n > 1:
+        nn_r, nn_c = nearest_neighbours(r0), nearest_neighbours(c0)
+        nn = float(((nn_r == nn_c) & ok).mean())
+    else:
+        nn = float(ok.mean())
+    knn = knn_ref = None
+    if labels is not None and ref.ndim == 2 and len(labels) == n and n > 1:
+        knn, knn_ref = knn_accuracy(c0, labels), knn_accuracy(r0, labels)
+    return EmbeddingComparison(
+        rows=n,
+        cosine_mean=float(cos.mean()),
+        cosine_p1=float(np.percentile(cos, 1)),
+        cosine_min=float(cos.min()),
+        rel_frobenius=frob,
+        nn_agreement=nn,
+        knn_top1=knn,
+        knn_top1_reference=knn_ref,
+        nonfinite=int((~ok).sum()),
+        per_image_cosine=cos if ref.ndim == 2 else cos.reshape(ref.shape[:-1]),
+    )

@@ -35,17 +35,28 @@ def export(
                                          "LayerNorm out in primitive ops (8.5 has no LayerNormalization importer). Default: none, the "
                                          "opset-17 graph TensorRT 8.6+ and ONNX Runtime all read. Recorded in the manifest: later "
                                          "steps inherit it."),
+    embedding: bool = typer.Option(False, "--embedding", help="Export a classifier as an embedding model: output "
+                                   "embedding [batch, D], its pre-logits features (the head dropped), for retrieval."),
+    pool: Optional[str] = typer.Option(None, "--pool", help="An embedding model's pooling where the model has the choice: "
+                                       "cls | mean | cls+mean (DINOv2's linear heads read cls+mean). Default: the model's own."),
+    normalize: bool = typer.Option(False, "--normalize", help="L2-normalise the embedding inside the graph."),
+    tokens: bool = typer.Option(False, "--tokens", help="A second output patch_tokens [batch, patches, width]: the patch "
+                                "tokens after the final norm, without class or register tokens."),
     embed_preprocess: bool = typer.Option(False, "--embed-preprocess", help="Also write MODEL.raw.onnx: uint8 RGB [batch, H, W, 3] "
                                           "in, scaling/mean/std/layout inside the graph (for DeepStream, C++, cameras)."),
 ) -> None:
-    """Export a checkpoint to ONNX: input pixel_values [batch, 3, H, W], output logits [batch, classes], manifest inside."""
+    """Export a checkpoint to ONNX: input pixel_values [batch, 3, H, W], output logits [batch, classes] for a
+    classifier or embedding [batch, D] for an embedding model (a backbone, or --embedding), manifest inside."""
     from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
     from vitdeploy.core.fileio import check_output
 
     target = say_target(target)  # resolved once, before any work
     check_output(out, [checkpoint, labels], suffixes=(".onnx",))
-    from vitdeploy.stages.export import export_onnx  # numpy, onnx: after the light refusals
+    from vitdeploy.stages.export import EmbeddingOptions, export_onnx  # numpy, onnx: after the light refusals
+
+    as_embedding = EmbeddingOptions(embedding, pool, normalize, tokens)
+    as_embedding.check()
 
     with Progress(
         SpinnerColumn(), text_column("export", "bold"), text_column("{task.fields[info]}"), TimeElapsedColumn(),
@@ -57,7 +68,7 @@ def export(
             prog.update(task, info=_STAGES.get(stage, stage))
 
         result = export_onnx(checkpoint, out, opset=opset, check=check, images=images, arch=arch, labels=labels,
-                             progress=on_step, target=target)
+                             progress=on_step, target=target, embedding=as_embedding)
     if verbose:
         console.print("nodes by op type: " + ", ".join(f"{op} {n}" for op, n in result.node_counts.items()), highlight=False)
         console.print(f"{sum(result.node_counts.values())} nodes; steps: "

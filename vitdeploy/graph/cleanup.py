@@ -96,12 +96,15 @@ def slim(model: onnx.ModelProto) -> None:
     model.opset_import.extend(slim.opset_import)
 
 
-def fix_io(model: onnx.ModelProto, num_classes: int, h: int, w: int) -> None:
-    """Input [batch, 3, H, W] and output [batch, classes] float32, batch the only symbolic dim."""
+def fix_io(model: onnx.ModelProto, num_classes: int, h: int, w: int, outputs: list[list[str | int]] | None = None) -> None:
+    """Input [batch, 3, H, W] and output [batch, classes] float32, batch the only symbolic dim; ``outputs``: the
+    dims of every output instead (an embedding model's [batch, D] and patch tokens [batch, patches, width])."""
     import onnx
 
-    inp, out = model.graph.input[0], model.graph.output[0]
-    want: list[tuple[Any, list[str | int]]] = [(inp, [BATCH_DIM, 3, h, w]), (out, [BATCH_DIM, num_classes])]
+    inp = model.graph.input[0]
+    out_dims: list[list[str | int]] = outputs if outputs is not None else [[BATCH_DIM, num_classes]]
+    want: list[tuple[Any, list[str | int]]] = [(inp, [BATCH_DIM, 3, h, w])]
+    want += [(model.graph.output[i], d) for i, d in enumerate(out_dims)]
     for vi, dims in want:
         if vi.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
             raise VitdeployError(f"exported {vi.name} is not float32: re-run with --debug")

@@ -27,6 +27,8 @@ def _pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
 GLOBAL_POOLS = ("token", "avg", "map", "token_avg")
 ACTS = ("gelu", "quick_gelu", "gelu_tanh", "silu")
 MLPS = ("mlp", "swiglu_packed", "swiglu")
+# ViTConfig.embed_pool: "" the model's own pooling; the others as DINOv2 defines them (after the final norm)
+EMBED_POOLS = ("", "cls", "mean", "cls+mean")
 # The manifest's keys before the timm knobs: "pool" (cls | mean) and "final_norm" (norm | fc_norm). to_dict still
 # writes both (so every manifest written before reads the same), with the new values map | token_avg and none.
 _LEGACY_POOL = {"cls": "token", "mean": "avg"}
@@ -114,6 +116,17 @@ class ViTConfig:
     rope_grid_indexing: str = "ij"
     # BEiT's relative position bias, one table per block (model/relpos.py).
     rel_pos_bias: bool = False
+    # --- ring 3: what the model answers (core/task.py says what the task is; these say how it is computed) ---
+    # The pooling of an embedding model when it is not the model's own (the head's) pooling: "" the model's own
+    # (global_pool, fc_norm), "cls" the class token after the final norm (DINOv2's x_norm_clstoken, HF pooler_output),
+    # "mean" the mean of the patch tokens after the final norm, "cls+mean" both concatenated (DINOv2's linear heads).
+    embed_pool: str = ""
+    # A projection after the pooling (CLIP's visual projection; timm's CLIP towers hold it as their "head"):
+    # module ``proj``, Linear(pooled width, proj_dim); 0: none.
+    proj_dim: int = 0
+    proj_bias: bool = False
+    # L2-normalise the vector before the head (an embedding model's --normalize; a zero-shot classifier's image side).
+    l2_norm: bool = False
     # The old constructor keyword: pool "cls" | "mean" (LayerNorm before the pooling unless final_norm says fc_norm).
     pool: InitVar[str | None] = None
 
@@ -164,8 +177,35 @@ class ViTConfig:
             raise ValueError(f"rope_grid_indexing must be 'ij' or 'xy', not {self.rope_grid_indexing!r}")
         if self.rel_pos_bias and (self.num_prefix_tokens != 1 or not self.class_token):
             raise ValueError("the relative position bias (BEiT) is laid out for one class token and no other prefix")
+        if self.embed_pool not in EMBED_POOLS:
+            raise ValueError(f"embed_pool must be '' or one of {', '.join(EMBED_POOLS[1:])}, not {self.embed_pool!r}")
+        if self.embed_pool in ("cls", "cls+mean") and not self.class_token:
+            raise ValueError(f"embed_pool {self.embed_pool!r} needs the class token (class_token=True)")
+        if self.embed_pool and self.use_fc_norm:
+            raise ValueError("embed_pool pools after the final norm over all tokens; this model norms after its pooling")
+        if self.embed_pool and self.distilled:
+            raise ValueError("a distilled ViT's embedding is the mean of its class and distillation tokens: no embed_pool")
+        if self.proj_dim < 0:
+            raise ValueError(f"proj_dim must be >= 0, not {self.proj_dim}")
         if self.mlp == "swiglu_packed" and self.hidden_dim % 2:
             raise ValueError(f"mlp 'swiglu_packed' splits fc1 in two halves: its width {self.hidden_dim} must be even")
+
+    @property
+    def pooled_dim(self) -> int:
+        """The width of the pooled vector (before the projection and the head)."""
+        if self.embed_pool:
+            return 2 * self.embed_dim if self.embed_pool == "cls+mean" else self.embed_dim
+        return 2 * self.embed_dim if self.global_pool == "token_avg" else self.embed_dim
+
+    @property
+    def feature_dim(self) -> int:
+        """The width of the vector the head reads: the pooled vector, or the projection's output."""
+        return self.proj_dim or self.pooled_dim
+
+    @property
+    def output_dim(self) -> int:
+        """What the model answers per image: num_classes logits, or (num_classes 0) the feature_dim-wide embedding."""
+        return self.num_classes or self.feature_dim
 
     @property
     def hidden_dim(self) -> int:

@@ -30,7 +30,7 @@ from vitdeploy.model.rope import Rope, apply_rope, sequence_tables
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "PRESETS", "Attention", "Block", "LayerScale", "Mlp", "PatchEmbed", "Preset",
-    "SwiGLU", "SwiGLUPacked", "UnknownPreset", "ViTConfig", "VisionTransformer", "build_model", "count_params",
+    "SwiGLU", "SwiGLUPacked", "UnknownPreset", "ViTConfig", "VisionTransformer", "WithPatchTokens", "build_model", "count_params",
     "fold_layer_scale", "get_preset", "preset_table",
 ]
 
@@ -285,9 +285,11 @@ class VisionTransformer(nn.Module):
 
             mlp = Mlp(d, cfg.hidden_dim, act=cfg.act)
             self.attn_pool = AttentionPoolLatent(d, cfg.num_heads, mlp, cfg.ln_eps)
-        head_in = 2 * d if cfg.global_pool == "token_avg" else d
-        self.fc_norm = nn.LayerNorm(head_in, eps=cfg.ln_eps) if fc else None
-        self.head = nn.Linear(head_in, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        pooled = cfg.pooled_dim
+        self.fc_norm = nn.LayerNorm(pooled, eps=cfg.ln_eps) if fc and not cfg.embed_pool else None
+        # CLIP's visual projection (timm's CLIP towers call it "head"; importers rename it): absent without proj_dim
+        self.proj = nn.Linear(pooled, cfg.proj_dim, bias=cfg.proj_bias) if cfg.proj_dim else None
+        self.head = nn.Linear(cfg.feature_dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self.head_dist: nn.Module | None = None
         if cfg.distilled:
             self.head_dist = nn.Linear(d, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
@@ -351,6 +353,13 @@ class VisionTransformer(nn.Module):
     def pool(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The head's input from the tokens (timm's VisionTransformer.pool), and the MAP head's attention."""
         gp, n = self.cfg.global_pool, self.num_prefix_tokens
+        if self.cfg.embed_pool:  # an embedding model's pooling, as DINOv2 defines it (not the head's)
+            ep = self.cfg.embed_pool
+            if ep == "cls":
+                return x[:, 0], None
+            if ep == "mean":
+                return x[:, n:].mean(dim=1), None
+            return torch.cat([x[:, 0], x[:, n:].mean(dim=1)], dim=-1), None
         tokens = x if self.cfg.pool_include_prefix else x[:, n:]
         if self.attn_pool is not None:
             return self.attn_pool(tokens, return_attn)
@@ -361,12 +370,29 @@ class VisionTransformer(nn.Module):
         return x[:, 0], None
 
     def forward_head(self, x: torch.Tensor) -> torch.Tensor:
-        if self.head_dist is not None:  # DeiT distilled: eval logits are the mean of the two heads
+        if self.head_dist is not None and self.cfg.num_classes > 0:  # DeiT distilled: the mean of the two heads
             return (self.head(x[:, 0]) + self.head_dist(x[:, 1])) / 2
-        x = self.pool(x)[0]
-        if self.fc_norm is not None:
-            x = self.fc_norm(x)
-        return self.head(x)
+        return self.head(self.pre_logits(x))
+
+    def pre_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The vector the head reads (timm's forward_head(pre_logits=True)), then the projection and the L2
+        normalisation where the config has them: an embedding model's output when there is no head."""
+        if self.head_dist is not None:
+            x = (x[:, 0] + x[:, 1]) / 2
+        else:
+            x = self.pool(x)[0]
+            if self.fc_norm is not None:
+                x = self.fc_norm(x)
+        if self.proj is not None:
+            x = self.proj(x)
+        if self.cfg.l2_norm:
+            x = F.normalize(x, dim=-1)
+        return x
+
+    def patch_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """The patch tokens after the final norm, without class, distillation or register tokens (DINOv2's
+        x_norm_patchtokens): [B, grid_h * grid_w, embed_dim]."""
+        return x[:, self.num_prefix_tokens :]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x)[0])
@@ -376,6 +402,18 @@ class VisionTransformer(nn.Module):
         class, distillation and register tokens)."""
         feats, attns = self.forward_features(x, return_attn=True)
         return self.forward_head(feats), attns
+
+
+class WithPatchTokens(nn.Module):
+    """An embedding model answering (embedding, patch_tokens): export --tokens' two outputs."""
+
+    def __init__(self, model: VisionTransformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        feats = self.model.forward_features(x)[0]
+        return self.model.forward_head(feats), self.model.patch_tokens(feats)
 
 
 def fold_layer_scale(model: VisionTransformer) -> VisionTransformer:

@@ -34,6 +34,7 @@ from vitdeploy.core.fileio import temp_dir_beside
 from vitdeploy.core.loaded import SourceReads
 from vitdeploy.core.manifest import Manifest, set_onnx_manifest, tool_versions
 from vitdeploy.core.targets import TargetFacts, resolve_target
+from vitdeploy.core.task import POOLS, task_from_model, task_of
 from vitdeploy.graph.cleanup import (
     check_graph,
     fix_io,
@@ -118,8 +119,10 @@ def check_target(target: str | None, opset: int) -> TargetFacts | None:
     return facts
 
 
-def _torch_export(model: torch.nn.Module, tmpdir: Path, h: int, w: int, opset: int) -> onnx.ModelProto:
-    """TorchScript export; in memory unless the weights need external data (over 2 GB)."""
+def _torch_export(model: torch.nn.Module, tmpdir: Path, h: int, w: int, opset: int,
+                  outputs: tuple[str, ...] = (OUTPUT_NAME,)) -> onnx.ModelProto:
+    """TorchScript export; in memory unless the weights need external data (over 2 GB). ``outputs``: the graph's
+    output names (the task's: logits, or embedding [and patch_tokens])."""
     import io
 
     import onnx
@@ -136,9 +139,9 @@ def _torch_export(model: torch.nn.Module, tmpdir: Path, h: int, w: int, opset: i
             (x,),
             str(target) if big else target,
             input_names=[INPUT_NAME],
-            output_names=[OUTPUT_NAME],
+            output_names=list(outputs),
             opset_version=min(opset, TORCHSCRIPT_MAX_OPSET),
-            dynamic_axes={INPUT_NAME: {0: BATCH_DIM}, OUTPUT_NAME: {0: BATCH_DIM}},
+            dynamic_axes={INPUT_NAME: {0: BATCH_DIM}, **{o: {0: BATCH_DIM} for o in outputs}},
             do_constant_folding=True,
             dynamo=False,
         )
@@ -152,26 +155,98 @@ def _torch_export(model: torch.nn.Module, tmpdir: Path, h: int, w: int, opset: i
     return m
 
 
-def _load_model(checkpoint: str | Path, arch: str | None, labels: str | Path | None) -> tuple[Any, Manifest]:
-    """The eval-mode model and its manifest; a head-less model or one whose input disagrees with its preprocessing is refused."""
+def _load_model(checkpoint: str | Path, arch: str | None, labels: str | Path | None,
+                as_embedding: EmbeddingOptions | None = None) -> tuple[Any, Manifest]:
+    """The eval-mode model and its manifest (its task recorded: core/task.py); ``as_embedding`` makes an embedding
+    model of it (export --embedding / --pool / --normalize / --tokens). A model whose input disagrees with its
+    preprocessing is refused."""
     from vitdeploy.model.sources import check_source
 
     check_source(checkpoint, arch)  # a plain folder, a legacy torch.save file …: refused before torch is imported
     from vitdeploy.model.importers import load_any
 
     ck = load_any(checkpoint, arch=arch, labels=labels)
-    if int(ck.manifest.model.get("num_classes", 0)) <= 0:
-        raise VitdeployError(
-            f"{checkpoint}: a model without a classification head (num_classes 0) has no logits to export; "
-            "fine-tune it first: vitdeploy train DATA_DIR --init " + str(checkpoint)
-        )
-    model = ck.build()
     manifest = ck.manifest
+    task = task_of(manifest)
+    if as_embedding is not None and as_embedding.requested:
+        ck = as_embedding.apply(ck, str(checkpoint))
+        manifest = ck.manifest
+    elif task.is_embedding or "task" not in manifest.extra:
+        manifest.extra["task"] = task.to_dict()
+    model = ck.build()
     del ck  # the state dict is in the model now; vit-huge's 2.5 GB need not be held twice
     h, w = manifest.input_size
     if tuple(model.cfg.image_size) != (h, w):
         raise VitdeployError(f"{checkpoint}: model input {model.cfg.image_size} differs from the preprocessing's {h}x{w}")
     return model, manifest
+
+
+@dataclass(frozen=True)
+class EmbeddingOptions:
+    """export --embedding / --pool / --normalize / --tokens: what the exported embedding model answers.
+
+    ``embedding``: a classifier is exported as an embedding model (its pre-logits features; the head is dropped).
+    ``pool``: cls | mean | cls+mean, where the model has the choice (a class token and a norm over every token).
+    ``normalize``: the L2 normalisation in the graph. ``tokens``: a second output ``patch_tokens`` [batch, patches,
+    width], the patch tokens after the final norm, without class or register tokens.
+    """
+
+    embedding: bool = False
+    pool: str | None = None
+    normalize: bool = False
+    tokens: bool = False
+
+    @property
+    def requested(self) -> bool:
+        return self.embedding or self.pool is not None or self.normalize or self.tokens
+
+    def check(self) -> None:
+        """Option values alone (exit 2 before anything is read)."""
+        if self.pool is not None and self.pool not in POOLS:
+            raise UsageError(f"--pool must be one of {', '.join(POOLS)}, not {self.pool!r}")
+
+    def apply(self, ck: Any, where: str) -> Any:
+        """The checkpoint as the embedding model these options ask for (the manifest's task and model updated, the
+        classifier's head dropped); a combination the model cannot have is one line (exit 2)."""
+        from vitdeploy.model.checkpoint import Checkpoint
+        from vitdeploy.model.vit import ViTConfig
+
+        self.check()
+        m = ck.manifest
+        cfg = ViTConfig.from_dict(m.model)
+        task = task_of(m)
+        if not task.is_embedding and not self.embedding:
+            raise UsageError(f"{where} is a {task.describe()}: --pool, --normalize and --tokens shape an embedding "
+                             "model; add --embedding to export its pre-logits features")
+        changes: dict[str, Any] = {"num_classes": 0}
+        if self.pool is not None:
+            have = _pools_of(cfg)
+            if self.pool not in have:
+                raise UsageError(f"{where}: --pool {self.pool} is not a pooling this model has "
+                                 f"({', '.join(have) or 'it pools its own way only'})")
+            changes["embed_pool"] = self.pool
+        if self.normalize:
+            changes["l2_norm"] = True
+        if self.tokens and cfg.global_pool == "map" and not self.pool:
+            raise UsageError(f"{where}: --tokens on a MAP-head model: its attention-pooling head reads every token, "
+                             "so the patch tokens are not its features; export it without --tokens")
+        if self.tokens and not cfg.final_norm:
+            raise UsageError(f"{where}: --tokens needs a final norm over every token; this model has none")
+        new = cfg.with_(**changes)
+        state = {k: v for k, v in ck.state_dict.items() if not k.startswith(("head.", "head_dist."))}
+        if cfg.use_fc_norm and changes.get("embed_pool"):  # never: _pools_of refuses; kept for a clear invariant
+            raise UsageError(f"{where}: --pool on a model that norms after its pooling")
+        manifest = m.derive(model=new.to_dict(), labels=[])
+        manifest.extra["task"] = task_from_model(new.to_dict(), tokens=self.tokens).to_dict()
+        return Checkpoint(manifest, state, None)
+
+
+def _pools_of(cfg: Any) -> tuple[str, ...]:
+    """The --pool values a model has: with a class token and the final norm over every token, all three (as DINOv2
+    defines them); without a class token, mean; a model that norms after pooling or a distilled one: none."""
+    if cfg.use_fc_norm or cfg.distilled or not cfg.final_norm:
+        return ()
+    return POOLS if cfg.class_token else ("mean",)
 
 
 def _clean(m: onnx.ModelProto, manifest: Manifest, opset: int) -> onnx.ModelProto:
@@ -187,10 +262,17 @@ def _clean(m: onnx.ModelProto, manifest: Manifest, opset: int) -> onnx.ModelProt
         from onnx import version_converter
 
         m = version_converter.convert_version(m, opset)
-    fix_io(m, manifest.num_classes, h, w)
+    task = task_of(manifest)
+    cfg = manifest.model
+    patches = (h // int(cfg["patch_size"])) * (w // int(cfg["patch_size"]))
+    dims: list[list[str | int]] = [[BATCH_DIM, task.dim]]
+    if task.tokens:
+        dims.append([BATCH_DIM, patches, int(cfg["embed_dim"])])
+    fix_io(m, task.dim, h, w, outputs=dims)
     m.producer_name = "vitdeploy"
     m.producer_version = __version__
-    m.doc_string = f"{manifest.name}: float32 pixel_values [batch, 3, {h}, {w}] → logits [batch, {manifest.num_classes}]"
+    what = " + ".join(f"{n} {d}" for n, d in zip(task.outputs, [str(d).replace("'", "") for d in dims], strict=True))
+    m.doc_string = f"{manifest.name}: float32 pixel_values [batch, 3, {h}, {w}] → {what}"
     return m
 
 
@@ -209,7 +291,9 @@ def _derived_manifest(manifest: Manifest, checkpoint: str | Path, opset: int, ta
             "parent": manifest.source,
         },
         versions=tool_versions("torch", "onnx", "onnxslim", "numpy"),
-        export={"opset": opset, "input": INPUT_NAME, "output": OUTPUT_NAME, "dynamic_axes": {"batch": 0}},
+        export={"opset": opset, "input": INPUT_NAME, "output": task_of(manifest).output,
+                **({"outputs": list(task_of(manifest).outputs)} if task_of(manifest).tokens else {}),
+                "dynamic_axes": {"batch": 0}},
     )
 
 
@@ -263,8 +347,13 @@ def export_onnx(
     labels: str | Path | None = None,
     progress: Progress | None = None,
     target: str | None = None,
+    embedding: EmbeddingOptions | None = None,
 ) -> ExportResult:
     """Export a checkpoint to ONNX (dynamic batch, manifest inside) and, with ``check``, prove parity.
+
+    The graph's output is the task's (core/task.py): ``logits`` [batch, classes] for a classifier, ``embedding``
+    [batch, D] for an embedding model (a checkpoint without classes, or ``embedding`` options), plus ``patch_tokens``
+    [batch, patches, width] with ``embedding.tokens``.
 
     ``target`` (core.targets.TARGETS) is what the graph is written for and goes into the manifest. None, the
     default, writes the opset-17 graph with one LayerNormalization op per norm, which TensorRT 8.6, 10, 11 and
@@ -280,6 +369,8 @@ def export_onnx(
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     check_opset(opset)
+    if embedding is not None:
+        embedding.check()
     facts = check_target(target, opset)
     target = facts.name if facts is not None else None  # the TensorRT line a device name resolved to
     out = Path(out)
@@ -293,7 +384,7 @@ def export_onnx(
     step("load", path=str(checkpoint))
     t = time.perf_counter()
     with SourceReads("export") as reads:  # the checkpoint's bytes are read once; lineage hashes those bytes
-        model, manifest = _load_model(checkpoint, arch, labels)
+        model, manifest = _load_model(checkpoint, arch, labels, embedding)
     h, w = manifest.input_size
     timings["load"] = time.perf_counter() - t
 
@@ -302,11 +393,13 @@ def export_onnx(
     try:
         step("export", opset=opset)
         t = time.perf_counter()
-        from vitdeploy.model.vit import fold_layer_scale
-
         # LayerScale folded into the Linear before it (exact): no extra Mul per block in the graph TensorRT fuses;
         # the parity check below still compares with the unfolded model
-        m = _torch_export(fold_layer_scale(model), tmpdir, h, w, opset)
+        from vitdeploy.model.vit import WithPatchTokens, fold_layer_scale
+
+        task = task_of(manifest)
+        exported = fold_layer_scale(model)
+        m = _torch_export(WithPatchTokens(exported) if task.tokens else exported, tmpdir, h, w, opset, task.outputs)
         timings["export"] = time.perf_counter() - t
 
         step("clean")
