@@ -7,6 +7,7 @@ models set them (vision_transformer.py, eva.py, beit.py). The suite trains each 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -89,3 +90,22 @@ def scaled_residual(model: Any, c: float) -> Any:
             if isinstance(norm, torch.nn.LayerNorm):
                 norm.eps *= c * c
     return m
+
+
+def small_export(name: str, out: Path) -> Path:
+    """An untrained, narrower model of the family (dim 32, depth 2: the same ops as the digits-sized one), exported by
+    the product's export steps; no checkpoint needed to judge the graph's placement and ops."""
+    import torch
+
+    from vitdeploy.core.artifact import OnnxArtifact
+    from vitdeploy.core.manifest import Manifest
+    from vitdeploy.model.vit import VisionTransformer, get_preset
+    from vitdeploy.stages.export import _clean, _torch_export
+
+    p = get_preset("vit-digits")
+    torch.manual_seed(0)
+    net = VisionTransformer(p.config.with_(embed_dim=32, depth=2, num_heads=2, **knobs(name))).eval()
+    man = Manifest(model=net.cfg.to_dict(), labels=[str(i) for i in range(10)], preprocess=dict(p.preprocess),
+                   name=f"digits-{name}")
+    OnnxArtifact.write(_clean(_torch_export(net, out.parent, 32, 32, 17), man, 17), man.derive(precision="fp32"), out)
+    return out

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from families import FAMILIES
+from families import FAMILIES, small_export
 from typer.testing import CliRunner
 
 from vitdeploy.cli import app
@@ -199,13 +199,12 @@ def test_every_family_quantizes_on_the_cpu_road(name: str, tmp_path: Path) -> No
     the classifier is quantized, and so is the Q·Kᵀ of every attention (one per Softmax, a MAP head's included) while
     Softmax·V stays float; -t openvino writes the same graph as -t cpu; the INT8 runs on ONNX Runtime and OpenVINO with
     logits close to FP32's."""
-    from test_families import _small_export
 
     from vitdeploy.graph.quantize import ensure_node_names, head_nodes
     from vitdeploy.model.imageset import ImageSet
     from vitdeploy.stages.precision import calibrate
 
-    src = _small_export(name, tmp_path / "model.onnx")
+    src = small_export(name, tmp_path / "model.onnx")
     calib = ROOT / "calibration"
     q = calibrate(src, calib, tmp_path / "cpu.int8.onnx", num_images=16, batch_size=16, target="cpu")
     qo = calibrate(src, calib, tmp_path / "ov.int8.onnx", num_images=16, batch_size=16, target="openvino")

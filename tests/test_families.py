@@ -13,7 +13,7 @@ from pathlib import Path
 import artifact_cache
 import numpy as np
 import pytest
-from families import FAMILIES, knobs
+from families import FAMILIES, knobs, small_export
 from typer.testing import CliRunner
 
 from vitdeploy.checks import conformance as cf
@@ -130,23 +130,6 @@ def test_info_names_the_family_and_explain_maps_only_the_patches(name: str, digi
 LINES = ("trt8.5", "trt8.6", "trt10", "trt11")
 
 
-def _small_export(name: str, out: Path) -> Path:
-    """An untrained, narrower model of the family (dim 32, depth 2: the same ops as the digits-sized one), exported by
-    the product's export steps; no checkpoint needed to judge the graph's placement and ops."""
-    import torch
-
-    from vitdeploy.core.artifact import OnnxArtifact
-    from vitdeploy.core.manifest import Manifest
-    from vitdeploy.model.vit import VisionTransformer, get_preset
-    from vitdeploy.stages.export import _clean, _torch_export
-
-    p = get_preset("vit-digits")
-    torch.manual_seed(0)
-    net = VisionTransformer(p.config.with_(embed_dim=32, depth=2, num_heads=2, **knobs(name))).eval()
-    man = Manifest(model=net.cfg.to_dict(), labels=[str(i) for i in range(10)], preprocess=dict(p.preprocess),
-                   name=f"digits-{name}")
-    OnnxArtifact.write(_clean(_torch_export(net, out.parent, 32, 32, 17), man, 17), man.derive(precision="fp32"), out)
-    return out
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -160,7 +143,7 @@ def test_int8_covers_every_gemm_and_every_artifact_passes_each_tensorrt_line(nam
     from vitdeploy.graph.target import decompose_layernorm
     from vitdeploy.stages.precision import calibrate, convert_fp16
 
-    src = _small_export(name, tmp_path / "model.onnx")
+    src = small_export(name, tmp_path / "model.onnx")
     g = onnx.load(str(src))
     ensure_node_names(g)
     gemms = {n.name for n in g.graph.node if n.op_type in ("MatMul", "Gemm", "Conv")}

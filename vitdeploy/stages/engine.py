@@ -160,7 +160,12 @@ def refusal(art: OnnxArtifact) -> Callable[[str], str | None]:
         target = target_of_version(version)
         for rep in (conformance.check_onnx(art.model, target), conformance.check_int8_intent(art.model, target)):
             if not rep.ok:
-                return f"check-target {target}: {rep.findings[0].line()[:120]}" if rep.findings else f"fails {target}"
+                if not rep.findings:
+                    return f"fails {target}"
+                f = rep.findings[0]  # named by its rule and place, never cut mid-word; check-target says it whole
+                more = f" and {len(rep.findings) - 1} more" if len(rep.findings) > 1 else ""
+                return (f"fails check-target's {f.check} rule at {f.where}{more} "
+                        f"(`vitdeploy check-target {art.path.name} -t {target}` says why)")
         return None
 
     return why
