@@ -111,8 +111,36 @@ def test_bundle_records_reference_embeddings_and_gates_from_the_judge(emb_bundle
         j = judged[prec]
         assert j["rows"] == 12 and j["budget"] == embedding_budget(prec).to_dict()
         assert j["cosine_mean"] >= embedding_budget(prec).min_cosine and not j["failures"], j
+    # the variants made for each TensorRT line, on that line's oracle, against the shipped model's references
+    variants = {n: a for n, a in m["bundle"]["artifacts"].items() if "variant_of" in a}
+    assert {"model.int8.trt8.5.onnx", "model.int8.trt10.onnx"} <= set(variants), sorted(variants)
+    for n, a in variants.items():
+        gate = ref["check"][a["precision"]]
+        assert a["vs_source"]["runner"].startswith("oracle (") and a["vs_source"]["cosine_p1"] >= gate["min_cosine_p1"], n
     readme = (emb_bundle / "README.md").read_text()
     assert "An embedding model" in readme and "classes:" not in readme.split("\n\n")[1]
+
+
+def test_precisions_outside_their_budget_are_noted_not_hidden() -> None:
+    """judge_precisions: the end-of-run rows and a note naming the failed gate; no FP32 given, no rows and a note."""
+    from vitdeploy.checks.judge import EmbeddingJudge
+    from vitdeploy.core.task import Task
+    from vitdeploy.stages.bundle import judge_precisions
+
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((20, 8)).astype(np.float32)
+    far = ref + 0.5 * rng.standard_normal(ref.shape).astype(np.float32)  # cosine about 0.9: outside INT8's 0.99
+    judge, notes = EmbeddingJudge(Task("embedding", 8)), []
+    rows = judge_precisions(judge, {"fp32": ref, "fp16": ref.copy(), "int8": far},
+                            {"fp32": "onnxruntime", "fp16": "onnxruntime", "int8": "oracle"}, notes)
+    assert [(r["precision"], r["reference"], bool(r["failures"])) for r in rows] == [
+        ("fp32", True, False), ("fp16", False, False), ("int8", False, True)]
+    assert rows[2]["cosine_mean"] < 0.99 and rows[2]["runner"] == "oracle"
+    assert len(notes) == 1 and notes[0].startswith("model.int8.onnx is outside the int8 embedding budget") and \
+        "mean cosine" in notes[0] and "--min-cosine" in notes[0]
+    notes = []
+    assert judge_precisions(judge, {"int8": far}, {"int8": "oracle"}, notes) == [] and "no FP32 model" in notes[0]
+    assert judge_precisions(None, {"fp32": ref}, {"fp32": "onnxruntime"}, notes) == []  # a classifier: its receipt
 
 
 def test_run_py_check_passes_on_every_model_against_its_references(emb_bundle: Path, tmp_path: Path) -> None:
@@ -368,3 +396,44 @@ def test_bundle_on_zero_class_checkpoints_never_tracebacks(knobs: dict, tmp_path
     assert np.load(tmp_path / "b" / m["bundle"]["reference"]["embeddings"]["fp16"]).shape[1] == task.dim
     r = run_py(tmp_path / "b", "--check", tmp=tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("OK"), r.stdout + r.stderr
+
+
+# ----------------------------------------------------------------------------------------------- on a GPU
+
+
+@pytest.mark.tensorrt
+def test_engine_check_and_cpp_example_on_tensorrt(emb_bundle: Path, digits_folder: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where TensorRT and a GPU exist: the default engine passes run.py --check against the reference embeddings,
+    and the C++ example built with cmake saves the vectors run.py saves from the same engine."""
+    from vitdeploy.stages.engine import BuildOptions, build_engine, probe
+
+    missing = probe().missing
+    if missing:
+        pytest.skip(f"needs TensorRT and a CUDA GPU: {missing}")
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed")
+    import tensorrt
+
+    b = tmp_path / "bundle"
+    shutil.copytree(emb_bundle, b)
+    info = manifest(b)["bundle"]
+    line = load_run_py(b / "run.py").tensorrt_line(tensorrt.__version__)
+    entry = info["tensorrt"]["engines"][line][info["default_model"]]  # the file this TensorRT builds, as run.py finds it
+    engine = b / entry["engine"]
+    monkeypatch.chdir(b)
+    res = build_engine(entry["onnx"], BuildOptions(min_batch=1, opt_batch=4, max_batch=8))
+    if Path(res.engine).resolve() != engine.resolve():
+        shutil.copyfile(res.engine, engine)
+    r = run_py(b, "--check", "--json", "--backend", "tensorrt", tmp=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["ok"], r.stdout + r.stderr
+    build = tmp_path / "build"
+    for cmd in (["cmake", "-S", str(b / "cpp"), "-B", str(build)], ["cmake", "--build", str(build), "-j4"]):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    files = [str(f) for f in list_images(digits_folder / "val" / "2")[:10]]
+    r = subprocess.run([str(build / "classify"), str(engine), *files, "--out", str(tmp_path / "c.npy")],
+                       capture_output=True, text=True, timeout=300, cwd=b)
+    ref = run_py(b, *files, "--backend", "tensorrt", "--out", str(tmp_path / "p.npy"), tmp=tmp_path)
+    assert r.returncode == ref.returncode == 0, (r.stderr, ref.stderr)
+    np.testing.assert_allclose(np.load(tmp_path / "c.npy"), np.load(tmp_path / "p.npy"), rtol=0, atol=1e-3)
