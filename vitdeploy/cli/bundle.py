@@ -139,6 +139,7 @@ def _embedding_table(result: object, prepared: object | None) -> None:
 
     assert isinstance(result, BundleResult)
     rows = {r["artifact"]: r for r in prepared.rows} if isinstance(prepared, Prepared) else {}
+    made = set(prepared.made) if isinstance(prepared, Prepared) else set()
     t = Table(title=f"receipt: {result.task}, each precision vs FP32 on {result.judged[0]['rows']} reference images",
               title_justify="left")
     for col in ("artifact", "runner", "cosine mean", "p1", "min", "NN agreement", "budget (mean/p1/NN)", "",
@@ -151,7 +152,7 @@ def _embedding_table(result: object, prepared: object | None) -> None:
         if rows:
             r = rows.get(j["artifact"])
             extra = ("—", "") if r is None else (
-                f"{r['size'] / 1e6:.2f} MB", "made" if r["artifact"] in prepared.made else "reused (current)")  # type: ignore[union-attr]
+                f"{r['size'] / 1e6:.2f} MB", "made" if r["artifact"] in made else "reused (current)")
         t.add_row(j["artifact"], j["runner"], f"{j['cosine_mean']:.5f}", f"{j['cosine_p1']:.5f}", f"{j['cosine_min']:.5f}",
                   f"{100 * j['nn_agreement']:.1f}%", "—" if j["reference"] else
                   f"{b['min_cosine']}/{b['min_cosine_p1']}/{100 * b['min_nn_agreement']:.0f}%", verdict, *extra)

@@ -58,6 +58,8 @@ FORMAT = "vitdeploy-bundle/1"
 MAX_REFERENCES = 1000  # reference images run.py --check compares: enough for any check, bounded in size and time
 # run.py --check passes when max|Δlogit| ≤ tol · max|reference logit| (TensorRT FP32 may use TF32)
 CHECK_TOLERANCE = {"fp32": 1e-2, "fp16": 3e-2, "int8": 1e-1}
+# the raw-pixel variant must equal its source on ONNX Runtime here (issue: ≤ 1e-4 relative for FP32)
+EMBED_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3, "int8": 1e-4}
 
 
 def check_thresholds(judge: EmbeddingJudge | None, precision: str) -> Any:
@@ -84,8 +86,6 @@ def below_check(judge: EmbeddingJudge | None, precision: str, reference: np.ndar
         return (f"per-image cosine to the reference embeddings mean {e.cosine_mean:.5f}, p1 {e.cosine_p1:.5f}, below "
                 f"run.py --check's {t['min_cosine']}/{t['min_cosine_p1']}")
     return None
-# the raw-pixel variant must equal its source on ONNX Runtime here (issue: ≤ 1e-4 relative for FP32)
-EMBED_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3, "int8": 1e-4}
 
 
 @dataclass
@@ -691,7 +691,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     labels_line = ", ".join(base.labels[:5]) + (" …" if len(base.labels) > 5 else "")
     readme_task = {"WHAT": f"An embedding model ({task.describe()})" if task.is_embedding
                    else f"A Vision Transformer classifier ({base.num_classes} classes: {labels_line})",
-                   "TASK_NOTE": embedding_readme(task, name) if task.is_embedding else ""}
+                   "TASK_NOTE": embedding_readme(task) if task.is_embedding else ""}
     write_cpp(root, base, raw_variant_name(ONNX_NAMES[default]))
     shutil.copyfile(TEMPLATES / "run.py", root / "run.py")
     # the engine inspector's parser (stdlib only), so run.py --check prints the engine's precision receipt on the device
@@ -735,7 +735,7 @@ def judge_precisions(judge: EmbeddingJudge | None, outputs: dict[str, np.ndarray
     return rows
 
 
-def embedding_readme(task: Any, name: str) -> str:
+def embedding_readme(task: Any) -> str:
     """The README's paragraph for an embedding model: what run.py, the C++ example, Triton and DeepStream give."""
     outs = " and ".join(f"`{o}`" for o in task.outputs)
     return (
@@ -758,7 +758,8 @@ def _add_with_raw(root: Path, fname: str, model: Any, manifest: Manifest, digest
     raw = root / raw_variant_name(fname)
     variant = write_variant(model, manifest, fname, digest, raw)
     raw_models[fname] = variant.model
-    kind = task_of(manifest).kind if task_of(manifest).is_embedding else "logits"
+    task = task_of(manifest)
+    kind = task.kind if task.is_embedding else "logits"  # the output's kind run.py decides by
     for f, m, m_in, d in ((root / fname, model, None, digest),
                           (raw, variant.model, variant.manifest.extra["input"], variant.sha256)):
         i, outs = _onnx_ios(m)
@@ -880,8 +881,8 @@ def support_matrix(root: Path, arts: dict[str, OnnxArtifact], sha: dict[str, str
                     artifacts[fname]["vs_source"] = {"runner": f"oracle ({line})", "agreement": c.agreement,
                                                      "max_rel_diff": c.max_rel_diff}
                 else:
-                    e = judge.compare(logits_of[prec], got)
-                    artifacts[fname]["vs_source"] = {"runner": f"oracle ({line})", **e.to_dict()}
+                    ec = judge.compare(logits_of[prec], got)
+                    artifacts[fname]["vs_source"] = {"runner": f"oracle ({line})", **ec.to_dict()}
                 why = below_check(judge, prec, logits_of[prec], got)
                 if why:
                     notes.append(f"{fname}: {why} ({ONNX_NAMES[prec]}'s)")
