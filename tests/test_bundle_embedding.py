@@ -107,10 +107,15 @@ def test_bundle_records_reference_embeddings_and_gates_from_the_judge(emb_bundle
     # each precision judged against FP32 on the reference images (checks/judge.py), FP32 the reference row
     judged = {j["precision"]: j for j in ref["judged"]}
     assert judged["fp32"]["reference"] and judged["fp32"]["cosine_min"] == pytest.approx(1.0, abs=1e-6)
+    # measured here: FP16 mean 1.000000, INT8 mean 0.99982 / p1 0.99926 (budget 0.99 / 0.97: margins of about 0.01
+    # and 0.03, far above what another CPU's INT8 kernels move). Nearest-neighbour agreement is not asserted: on 12
+    # images one flipped near-tie is 8 points, so it is a figure in the row, not a pass/fail here.
     for prec in ("fp16", "int8"):
         j = judged[prec]
-        assert j["rows"] == 12 and j["budget"] == embedding_budget(prec).to_dict()
-        assert j["cosine_mean"] >= embedding_budget(prec).min_cosine and not j["failures"], j
+        b = embedding_budget(prec)
+        assert j["rows"] == 12 and j["budget"] == b.to_dict() and 0.0 <= j["nn_agreement"] <= 1.0
+        assert j["cosine_mean"] >= b.min_cosine and j["cosine_p1"] >= b.min_cosine_p1, j
+        assert not [f for f in j["failures"] if "cosine" in f], j
     # the variants made for each TensorRT line, on that line's oracle, against the shipped model's references
     variants = {n: a for n, a in m["bundle"]["artifacts"].items() if "variant_of" in a}
     assert {"model.int8.trt8.5.onnx", "model.int8.trt10.onnx"} <= set(variants), sorted(variants)
@@ -153,7 +158,9 @@ def test_run_py_check_passes_on_every_model_against_its_references(emb_bundle: P
         assert res["ok"] and res["images"] == 12 and res["precision"] == prec
         assert (res["min_cosine"], res["min_cosine_p1"]) == (embedding_budget(prec).min_cosine,
                                                              embedding_budget(prec).min_cosine_p1)
-        assert res["cosine_min"] >= 0.99999, res  # ONNX Runtime against ONNX Runtime's own references
+        # ONNX Runtime against its own references (the DeepStream form folds the preprocessing into the graph: its
+        # float arithmetic may move an INT8 activation by one step, hence not 1.0 exactly)
+        assert res["cosine_min"] >= 0.9999, res
     r = run_py(emb_bundle, "--check", tmp=tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("OK: model.int8.raw.onnx") and "embeddings" in r.stdout
     assert "cosine mean" in r.stdout and "1st percentile" in r.stdout and "min" in r.stdout and "top-1" not in r.stdout
