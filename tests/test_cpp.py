@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import PIL
 import pytest
+from cpp_helpers import OPENCV_INCLUDE, build_with_stub, dumped, gxx, stub_engine
 from helpers import load_run_py
 from PIL import Image
 
@@ -29,10 +30,8 @@ from vitdeploy.stages.bundle import BundleOptions, bundle
 
 REPO = Path(__file__).resolve().parents[1]
 CPP = REPO / "vitdeploy" / "stages" / "bundle_files" / "cpp"
-STUB = REPO / "tests" / "cpp" / "stub_engine.cpp"
 TRT_VERSIONS = ("8.6", "10.3", "10.16", "11.1")
 TRT_MAJOR = {"8.6": (8, 6), "10.3": (10, 3), "10.16": (10, 16), "11.1": (11, 1)}
-OPENCV_INCLUDE = Path("/usr/include/opencv4")
 PIL_ORDER = "pillow13" if int(PIL.__version__.split(".")[0]) >= 13 else "horizontal"  # as bundle.py writes it
 
 
@@ -50,13 +49,6 @@ def tensorrt_include_root() -> Path | None:
         if c and Path(c).is_dir():
             return Path(c)
     return None
-
-
-def gxx() -> str:
-    g = shutil.which("g++")
-    if g is None:
-        pytest.skip("g++ is not installed (Debian: apt-get install g++)")
-    return g
 
 
 @pytest.fixture(scope="session")
@@ -150,16 +142,7 @@ def test_package_data_ships_the_cpp_sources() -> None:
 @pytest.fixture(scope="module")
 def classify_bin(bundle_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundle's classify.cpp + vitclassify.cpp with the test stub for the engine, linked with libopencv."""
-    g = gxx()
-    if not (OPENCV_INCLUDE / "opencv2" / "imgcodecs.hpp").exists():
-        pytest.skip("libopencv-dev is not installed (Debian: apt-get install libopencv-dev; .ci/run installs it)")
-    out = tmp_path_factory.mktemp("cppbin") / "classify"
-    src = bundle_dir / "cpp"
-    cmd = [g, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{src}", "-isystem", str(OPENCV_INCLUDE),
-           str(src / "classify.cpp"), str(src / "vitclassify.cpp"), str(STUB), "-lopencv_imgcodecs", "-lopencv_core", "-o", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return out
+    return build_with_stub(bundle_dir / "cpp", tmp_path_factory.mktemp("cppbin") / "classify")
 
 
 @pytest.fixture(scope="module")
@@ -204,22 +187,6 @@ def test_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path
         digits[100 + i].resize(size, Image.Resampling.BICUBIC).convert("RGB").save(p, quality=85)
         jpg.append(p)
     return {"png": png, "jpg": jpg}
-
-
-def stub_engine(folder: Path, h: int, w: int, classes: int, lo: int = 1, hi: int = 100000,
-                table: Path | None = None) -> tuple[Path, Path]:
-    dump = folder / "dump"
-    shutil.rmtree(dump, ignore_errors=True)
-    dump.mkdir(parents=True)
-    eng = folder / "stub.engine"
-    eng.write_text(f"stub=1\nmin={lo}\nmax={hi}\nheight={h}\nwidth={w}\nclasses={classes}\ndump={dump}\n"
-                   + (f"table={table}\n" if table else ""))
-    return eng, dump
-
-
-def dumped(dump: Path, h: int, w: int) -> list[np.ndarray]:
-    calls = sorted(dump.iterdir(), key=lambda p: int(p.name.split("_")[1]))
-    return [np.fromfile(c, np.uint8).reshape(int(c.stem.split("_")[2]), h, w, 3) for c in calls]
 
 
 def cpp_batch(binary: Path, files: list[Path], folder: Path, cfg: Path, h: int, w: int, classes: int) -> np.ndarray:

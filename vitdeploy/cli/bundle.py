@@ -83,13 +83,16 @@ def bundle(
         f"wrote {result.out}/ ({len(result.files)} files): {', '.join(result.precisions)}; engine, run.py, Triton and "
         f"DeepStream use {result.default_precision}", highlight=False, soft_wrap=True,
     )
-    console.print(f"raw-pixel variants agree with their sources (max |Δlogit| relative): {errs}", highlight=False, soft_wrap=True)
+    what = "Δ" if result.is_embedding else "Δlogit"
+    console.print(f"raw-pixel variants agree with their sources (max |{what}| relative): {errs}", highlight=False, soft_wrap=True)
     console.print(f"reference images: {result.reference_source}", highlight=False, soft_wrap=True)
     for note in result.notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
     for line in result.kept:  # --force over an earlier bundle: what it did not write stays (stages/bundle_replace.py)
         console.print(f"--force: {line}", highlight=False, soft_wrap=True, markup=False)
-    if prepared is not None:
+    if result.judged:  # an embedding model: judged by cosine to FP32 (checks/judge.py), no top-1 to show
+        _embedding_table(result, prepared)
+    elif prepared is not None:
         _receipt(prepared, result)
     console.print(f"next, on the device: cd {result.out} && ./build_engine.sh && python3 run.py --check", highlight=False,
                   soft_wrap=True)
@@ -124,3 +127,36 @@ def _receipt(prepared: object, result: object) -> None:
     console.print(t, highlight=False, soft_wrap=True)
     for note in prepared.notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
+
+
+def _embedding_table(result: object, prepared: object | None) -> None:
+    """An embedding model's receipt: artifact | runner | cosine mean | p1 | min | NN agreement | budget | verdict (each
+    precision against FP32 on the reference images, by checks/judge.py), with size and made/reused from a checkpoint."""
+    from rich.table import Table
+
+    from vitdeploy.stages.bundle import BundleResult
+    from vitdeploy.stages.prepare import Prepared
+
+    assert isinstance(result, BundleResult)
+    rows = {r["artifact"]: r for r in prepared.rows} if isinstance(prepared, Prepared) else {}
+    made = set(prepared.made) if isinstance(prepared, Prepared) else set()
+    t = Table(title=f"receipt: {result.task}, each precision vs FP32 on {result.judged[0]['rows']} reference images",
+              title_justify="left")
+    for col in ("artifact", "runner", "cosine mean", "p1", "min", "NN agreement", "budget (mean/p1/NN)", "",
+                *(("size", "") if rows else ())):
+        t.add_column(col)
+    for j in result.judged:
+        b = j["budget"]
+        verdict = "reference" if j["reference"] else ("ok" if not j["failures"] else "OUTSIDE BUDGET")
+        extra: tuple[str, ...] = ()
+        if rows:
+            r = rows.get(j["artifact"])
+            extra = ("—", "") if r is None else (
+                f"{r['size'] / 1e6:.2f} MB", "made" if r["artifact"] in made else "reused (current)")
+        t.add_row(j["artifact"], j["runner"], f"{j['cosine_mean']:.5f}", f"{j['cosine_p1']:.5f}", f"{j['cosine_min']:.5f}",
+                  f"{100 * j['nn_agreement']:.1f}%", "—" if j["reference"] else
+                  f"{b['min_cosine']}/{b['min_cosine_p1']}/{100 * b['min_nn_agreement']:.0f}%", verdict, *extra)
+    console.print(t, highlight=False, soft_wrap=True)
+    if isinstance(prepared, Prepared):
+        for note in prepared.notes:
+            console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)

@@ -4,8 +4,14 @@ Engines are tied to the TensorRT version and GPU that built them, so what
 travels is the ONNX (FP32, FP16, INT8 Q/DQ) with its raw-pixel variants, the
 labels, a torch-free ``run.py``, ``build_engine.sh`` (vitdeploy where it is
 installed, else trtexec from JetPack), a Triton model repository, a DeepStream
-nvinfer config and reference logits that ``run.py --check`` compares the
+nvinfer config and reference outputs that ``run.py --check`` compares the
 device's engine against.
+
+What those outputs are, and how they are judged, is the model's task (core/task.py), asked once here: a
+classifier's reference logits are held to a relative tolerance (and labels travel with them); an embedding model's
+reference embeddings are held to a per-image cosine (checks/judge.py's budget for the precision, written into the
+manifest for run.py), its Triton and DeepStream configs declare tensors, not classes, and the bundle's end-of-run
+table judges each precision against FP32 with checks/judge.py.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from vitdeploy.checks.compare import run_arrays, same_model
+from vitdeploy.checks.judge import EmbeddingJudge, judge_for
 from vitdeploy.checks.metrics import compare, require_finite
 from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import IncompatibleArtifact, StaleArtifact, UsageError, VitdeployError
@@ -29,11 +36,13 @@ from vitdeploy.core.lineage import STALE, remake_command, source_link
 from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest, tool_versions
 from vitdeploy.core.naming import ONNX_NAMES, PRECISIONS, calib_cache_name
 from vitdeploy.core.preprocess import list_images, resized_uint8, to_array
+from vitdeploy.core.task import task_of
 from vitdeploy.graph.embed import raw_batch
 from vitdeploy.runners.base import Runner
 from vitdeploy.stages.bundle_configs import (  # noqa: E402, F401 - the configuration files, re-exported
     TEMPLATES,
     _onnx_io,
+    _onnx_ios,
     cpp_config,
     deepstream_config,
     labels_file,
@@ -51,6 +60,32 @@ MAX_REFERENCES = 1000  # reference images run.py --check compares: enough for an
 CHECK_TOLERANCE = {"fp32": 1e-2, "fp16": 3e-2, "int8": 1e-1}
 # the raw-pixel variant must equal its source on ONNX Runtime here (issue: ≤ 1e-4 relative for FP32)
 EMBED_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3, "int8": 1e-4}
+
+
+def check_thresholds(judge: EmbeddingJudge | None, precision: str) -> Any:
+    """What run.py --check holds the device's output to, written into the manifest (run.py reads it, it hard-codes
+    nothing): a classifier's relative tolerance (CHECK_TOLERANCE), an embedding model's per-image cosine gates, the
+    budget checks/judge.py sets for the precision (mean and 1st percentile; run.py reports the minimum too)."""
+    if judge is None:
+        return CHECK_TOLERANCE[precision]
+    b = judge.budget(precision)
+    return {"min_cosine": b.min_cosine, "min_cosine_p1": b.min_cosine_p1}
+
+
+def below_check(judge: EmbeddingJudge | None, precision: str, reference: np.ndarray, got: np.ndarray) -> str | None:
+    """Why ``got`` (a variant on its line's oracle) would fail run.py --check against ``reference``, or None."""
+    if judge is None:
+        c = compare(reference, got)
+        if c.max_rel_diff > CHECK_TOLERANCE[precision]:
+            return (f"max |Δlogit| {c.max_rel_diff:.2e} relative to the reference logits, above run.py --check's "
+                    f"{CHECK_TOLERANCE[precision]:.0e}")
+        return None
+    e = judge.compare(reference, got)
+    t = check_thresholds(judge, precision)
+    if e.cosine_mean < t["min_cosine"] or e.cosine_p1 < t["min_cosine_p1"]:
+        return (f"per-image cosine to the reference embeddings mean {e.cosine_mean:.5f}, p1 {e.cosine_p1:.5f}, below "
+                f"run.py --check's {t['min_cosine']}/{t['min_cosine_p1']}")
+    return None
 
 
 @dataclass
@@ -83,6 +118,13 @@ class BundleResult:
     reference_runner: dict[str, str] = field(default_factory=dict)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # unreadable reference images (name, why)
     kept: list[str] = field(default_factory=list)  # --force: what was in the folder that the bundle did not write
+    task: str = ""  # the model's task, as core/task.Task.describe() says it
+    # an embedding model: each precision judged against FP32 on the reference images (checks/judge.py), in order
+    judged: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def is_embedding(self) -> bool:
+        return bool(self.judged) or self.task.startswith("embedding")
 
 
 def resolve_models(
@@ -238,6 +280,11 @@ def _remake(art: OnnxArtifact, source: Path, notes: list[str], images: Path | No
     budget: dict[str, Any] = {}
     if ev and Path(ev).exists() and (guard.get("max_drop") is not None or guard.get("min_agreement") is not None):
         budget = {"eval_dir": ev, "max_drop": guard.get("max_drop"), "min_agreement": guard.get("min_agreement")}
+    elif guard.get("min_cosine") is not None:  # an embedding model's guard (calibrate --min-cosine), as recorded
+        import inspect
+
+        if "min_cosine" in inspect.signature(calibrate).parameters:
+            budget = {"min_cosine": guard["min_cosine"], **({"eval_dir": ev} if ev and Path(ev).exists() else {})}
     # smoothing as recorded: absent (made before calibrate had it) -> its default, None -> off, else the mode given
     sm = q.get("smoothing", {"mode": "auto"})
     smooth = str(sm.get("mode", "auto")) if isinstance(sm, dict) else "off"
@@ -272,6 +319,9 @@ def check_same_model(manifests: dict[str, Manifest]) -> None:
         if m.model != m0.model or m.preprocess != m0.preprocess:
             what = "model" if m.model != m0.model else "preprocess"
             raise IncompatibleArtifact(f"the {p0} and {p} models differ in their {what}: bundle artifacts of one model")
+        if task_of(m) != task_of(m0):
+            raise IncompatibleArtifact(f"the {p0} model is: {task_of(m0).describe()}; the {p} model: "
+                                       f"{task_of(m).describe()}: bundle artifacts of one export")
 
 
 def check_target(target: str | None, manifests: dict[Path, Manifest], models: dict[Path, Any] | None = None,
@@ -492,6 +542,8 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     if default not in found:
         raise UsageError(f"--precision {default}: no {default} model given (have {', '.join(precisions)})")
     base = manifests["fp32"] if "fp32" in manifests else manifests[default]
+    task = task_of(base)  # asked once: what the outputs are and how they are judged (checks/judge.py)
+    judge = judge_for(base)
     labels_file(base.labels)  # a label labels.txt cannot hold is refused before any work
     pp = base.pp()
     h, w = pp.input_size
@@ -516,8 +568,9 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
         say(f"folding preprocessing into {dst.name}")
         _add_with_raw(root, dst.name, arts[prec].model, manifests[prec], sha[prec], prec, artifacts, raw_models)
 
-    # reference inputs and logits for run.py --check, and the embedded variants checked against their sources
-    say("computing reference logits")
+    # reference inputs and outputs for run.py --check, and the embedded variants checked against their sources
+    what = "embeddings" if task.is_embedding else "logits"
+    say(f"computing reference {what}")
     refs = reference_images(opts, base, root / "reference" / "images", cwd)
     ref_files, ref_source, images = refs.files, refs.source, refs.images
     notes += [f"reference image {printable_name(name)} skipped: {why}" for name, why in refs.skipped]
@@ -533,8 +586,8 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
         src = root / ONNX_NAMES[prec]
         runner = _reference_runner(arts[prec], target)
         (logits,) = run_arrays([runner], x)
-        require_finite(logits, src.name)  # NaN reference logits would make run.py --check meaningless
-        rel = f"reference/logits.{prec}.npy"
+        require_finite(logits, src.name)  # NaN reference outputs would make run.py --check meaningless
+        rel = f"reference/{what}.{prec}.npy"
         np.save(root / rel, logits)
         ref_logits[prec] = rel
         ref_runner[prec] = runner.backend
@@ -546,17 +599,21 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     say("checking every model against each TensorRT line")
     variants: dict[str, OnnxArtifact] = {}
     matrix = support_matrix(root, arts, sha, target, artifacts, raw_models, images, x, logits_of, notes, variants)
+    judged = judge_precisions(judge, logits_of, ref_runner, notes)
 
-    # DeepStream: float 0–255 NCHW input (nvinfer feeds float tensors), softmax probabilities out
+    # DeepStream: float 0–255 NCHW input (nvinfer feeds float tensors); a classifier's softmax probabilities out,
+    # an embedding model's tensors as they are (attached as tensor meta: bundle_configs.deepstream_config)
     say("writing the DeepStream config")
     ds_dir = root / "deepstream"
     ds_dir.mkdir()
     ds_onnx = ds_dir / "model.ds.onnx"
+    softmax = not task.is_embedding
+    ds_out = {"name": "probs", "kind": "probs"} if softmax else {"name": task.output, "kind": task.kind}
     ds = write_variant(arts[default].model, manifests[default], ONNX_NAMES[default], sha[default], ds_onnx,
-                       dtype="float32", layout="nchw", softmax=True)
+                       dtype="float32", layout="nchw", softmax=softmax)
     ds_in = ds.manifest.extra["input"]
     artifacts[f"deepstream/{ds_onnx.name}"] = {
-        "precision": default, "input": ds_in, "output": {"name": "probs", "kind": "probs"}, "sha256": ds.sha256,
+        "precision": default, "input": ds_in, "output": ds_out, "sha256": ds.sha256,
         "source": ONNX_NAMES[default],
     }
     # where a TensorRT line builds a variant of the default model, DeepStream gets that variant's form too
@@ -565,7 +622,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
         v = variants[fname]
         ds_name = f"{fname[: -len('.onnx')]}.ds.onnx"
         dsv = write_variant(v.model, v.manifest, fname, v.sha256, ds_dir / ds_name, dtype="float32", layout="nchw",
-                            softmax=True)
+                            softmax=softmax)
         lines = [line for line, row in matrix.items() if row.get(default) == fname]
         left = [f for line in lines for f in findings(dsv.model, line)]
         if left:
@@ -573,12 +630,14 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
             notes.append(f"deepstream/{ds_name}: not shipped ({left[0]}); build_engine.sh --deepstream refuses there")
             continue
         artifacts[f"deepstream/{ds_name}"] = {
-            "precision": default, "input": ds_in, "output": {"name": "probs", "kind": "probs"}, "sha256": dsv.sha256,
+            "precision": default, "input": ds_in, "output": ds_out, "sha256": dsv.sha256,
             "source": fname, "target": v.manifest.target,
         }
-    (ds_dir / "labels.txt").write_text(";".join(lab.replace(";", ",") for lab in base.labels) + "\n")
+    if not task.is_embedding:
+        (ds_dir / "labels.txt").write_text(";".join(lab.replace(";", ",") for lab in base.labels) + "\n")
     (ds_dir / "config_infer_primary.txt").write_text(
-        deepstream_config(base, default, opts.opt_batch, ds_onnx.name, "model.ds.engine")
+        deepstream_config(base, default, opts.opt_batch, ds_onnx.name, "model.ds.engine",
+                          outputs=["probs"] if softmax else list(task.outputs))
     )
 
     # Triton: the raw-pixel variant (clients send uint8 HWC images, 4x less than float32)
@@ -587,10 +646,11 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     (tri / "1").mkdir(parents=True)
     triton_src = raw_variant_name(ONNX_NAMES[default])
     shutil.copyfile(root / triton_src, tri / "1" / "model.onnx")
-    (tri / "config.pbtxt").write_text(triton_config(name, raw_models[ONNX_NAMES[default]], opts.max_batch, opts.opt_batch))
-    (tri / "labels.txt").write_text(labels_file(base.labels))
-
-    (root / "labels.txt").write_text(labels_file(base.labels))
+    (tri / "config.pbtxt").write_text(triton_config(name, raw_models[ONNX_NAMES[default]], opts.max_batch, opts.opt_batch,
+                                                    labels=not task.is_embedding))
+    if not task.is_embedding:  # an embedding model has no classes: no labels file anywhere
+        (tri / "labels.txt").write_text(labels_file(base.labels))
+        (root / "labels.txt").write_text(labels_file(base.labels))
     engines = engine_entries(matrix)
     manifest = base.derive(
         precision=default,
@@ -611,9 +671,12 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
                 "inputs": "reference/inputs.npy",
                 "images": [f"reference/images/{f.name}" for f in ref_files],
                 "source": ref_source,
-                "logits": ref_logits,
+                what: ref_logits,
                 "runner": ref_runner,
-                "tolerance": CHECK_TOLERANCE,
+                # run.py --check's gates, per precision: a classifier's relative tolerance, an embedding model's cosine
+                ("check" if task.is_embedding else "tolerance"): (
+                    {p: check_thresholds(judge, p) for p in precisions} if task.is_embedding else CHECK_TOLERANCE),
+                **({"judged": judged} if judged else {}),
             },
             "notes": notes,
             "created_with": tool_versions("onnx", "onnxruntime", "numpy"),
@@ -625,6 +688,10 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
         "MIN": opts.min_batch, "OPT": opts.opt_batch, "MAX": opts.max_batch, "TRITON_SOURCE": triton_src,
         "CLASSES": base.num_classes, "MATRIX": matrix_case(engines), "TARGET": target or "none",
     }
+    labels_line = ", ".join(base.labels[:5]) + (" …" if len(base.labels) > 5 else "")
+    readme_task = {"WHAT": f"An embedding model ({task.describe()})" if task.is_embedding
+                   else f"A Vision Transformer classifier ({base.num_classes} classes: {labels_line})",
+                   "TASK_NOTE": embedding_readme(task) if task.is_embedding else ""}
     write_cpp(root, base, raw_variant_name(ONNX_NAMES[default]))
     shutil.copyfile(TEMPLATES / "run.py", root / "run.py")
     # the engine inspector's parser (stdlib only), so run.py --check prints the engine's precision receipt on the device
@@ -632,8 +699,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     (root / "build_engine.sh").write_text(render("build_engine.sh", values))
     (root / "build_engine.sh").chmod(0o755)
     (root / "run.py").chmod(0o755)
-    (root / "README.md").write_text(render("README.md", {**values, "LABELS": ", ".join(base.labels[:5]) + (" …" if len(base.labels) > 5 else ""),
-                                                          "PP": json.dumps(base.preprocess),
+    (root / "README.md").write_text(render("README.md", {**values, **readme_task, "PP": json.dumps(base.preprocess),
                                                           "SUPPORT": support_table(matrix, precisions)}))
     shutil.rmtree(work)
     # last: every file written with its SHA-256, so a later --force replaces exactly these (stages/bundle_replace.py)
@@ -641,7 +707,49 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     (root / "manifest.json").write_text(manifest.to_json(indent=2) + "\n")
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     return BundleResult(root, precisions, default, files, embed_err, ref_source, exported, notes, matrix, ref_runner,
-                        skipped=refs.skipped)
+                        skipped=refs.skipped, task=task.describe(), judged=judged)
+
+
+def judge_precisions(judge: EmbeddingJudge | None, outputs: dict[str, np.ndarray], runners: dict[str, str],
+                     notes: list[str]) -> list[dict[str, Any]]:
+    """An embedding model's end-of-run table: each precision's reference embeddings (on the runner run.py --check's
+    reference came from: the oracle for a TensorRT target) judged against FP32's by checks/judge.py, with the
+    precision's budget. A classifier: [] (its table is the top-1 receipt). An artifact outside its budget is noted,
+    not refused: calibrate's guard (--min-cosine) is where INT8 is held to it; the bundle says what it packs."""
+    if judge is None:
+        return []
+    if "fp32" not in outputs:
+        notes.append("no FP32 model given: the precisions are not judged against FP32 here (pass model.onnx too)")
+        return []
+    rows: list[dict[str, Any]] = []
+    for prec, got in outputs.items():
+        c = judge.compare(outputs["fp32"], got)
+        budget = judge.budget(prec)
+        failures = [] if prec == "fp32" else budget.failures(c)
+        rows.append({"artifact": ONNX_NAMES[prec], "precision": prec, "runner": runners[prec],
+                     "reference": prec == "fp32", **c.to_dict(), "budget": budget.to_dict(), "failures": failures})
+        if failures:
+            notes.append(f"{ONNX_NAMES[prec]} is outside the {prec} embedding budget on the reference images: "
+                         f"{'; '.join(failures)} (make it again with vitdeploy calibrate --min-cosine, or bundle "
+                         "--precision fp16)")
+    return rows
+
+
+def embedding_readme(task: Any) -> str:
+    """The README's paragraph for an embedding model: what run.py, the C++ example, Triton and DeepStream give."""
+    outs = " and ".join(f"`{o}`" for o in task.outputs)
+    return (
+        f"\n**An embedding model.** Every model here answers {outs} (`embedding` [batch, {task.dim}]"
+        + (", `patch_tokens` [batch, patches, width]" if task.tokens else "") + "), not logits, and the bundle has no\n"
+        "labels. `python3 run.py IMAGES` prints each image's vector (its first values and L2 norm) and\n"
+        "`--out emb.npy` saves them all ([N, D] float32) with their file names in `emb.files.txt`, one a line;\n"
+        "`python3 run.py --check` compares the engine with `reference/embeddings.<precision>.npy` by per-image\n"
+        "cosine (mean, 1st percentile, minimum) against the gates in `manifest.json` (`bundle.reference.check`).\n"
+        "`cpp/build/classify ENGINE IMAGES [--out emb.npy]` prints and saves the same. Triton's `config.pbtxt`\n"
+        "declares the output tensors with their dims (no `label_filename`); DeepStream's config is `network-type=100`\n"
+        "with `output-tensor-meta=1`: nvinfer attaches the tensors to each frame/object as `NvDsInferTensorMeta`.\n"
+        "Where this README says logits or labels below, read the vector.\n"
+    )
 
 
 def _add_with_raw(root: Path, fname: str, model: Any, manifest: Manifest, digest: str, prec: str,
@@ -650,16 +758,21 @@ def _add_with_raw(root: Path, fname: str, model: Any, manifest: Manifest, digest
     raw = root / raw_variant_name(fname)
     variant = write_variant(model, manifest, fname, digest, raw)
     raw_models[fname] = variant.model
+    task = task_of(manifest)
+    kind = task.kind if task.is_embedding else "logits"  # the output's kind run.py decides by
     for f, m, m_in, d in ((root / fname, model, None, digest),
                           (raw, variant.model, variant.manifest.extra["input"], variant.sha256)):
-        i, o = _onnx_io(m)
+        i, outs = _onnx_ios(m)
+        o = outs[0]
         artifacts[f.name] = {
             "precision": prec,
             "input": m_in or {"name": i["name"], "dtype": "float16" if i["elem_type"] == 10 else "float32",
                               "layout": "NCHW", "shape": i["dims"], "preprocess_in_graph": False},
-            "output": {"name": o["name"], "kind": "logits"},
+            "output": {"name": o["name"], "kind": kind},
             "sha256": d,
         }
+        if len(outs) > 1:  # --tokens: patch_tokens beside the embedding (run.py and the C++ example read the first)
+            artifacts[f.name]["outputs"] = [{"name": v["name"], "shape": v["dims"]} for v in outs]
         if manifest.target:
             artifacts[f.name]["target"] = manifest.target
     artifacts[fname]["raw_variant"] = raw.name
@@ -681,7 +794,7 @@ def _embed_check(root: Path, fname: str, src: OnnxArtifact | Any, artifacts: dic
     prec = artifacts[fname]["precision"]
     if err > EMBED_TOLERANCE[prec]:
         raise VitdeployError(
-            f"{raw.name} disagrees with {fname} on the reference images (max |Δlogit| {err:.2e} relative > "
+            f"{raw.name} disagrees with {fname} on the reference images (max |Δ{artifacts[fname]['output']['kind']}| {err:.2e} relative > "
             f"{EMBED_TOLERANCE[prec]:.0e}); this is a bug, please report it"
         )
     return err
@@ -740,6 +853,7 @@ def support_matrix(root: Path, arts: dict[str, OnnxArtifact], sha: dict[str, str
 
     if target is not None:
         return {target: {p: ONNX_NAMES[p] for p in arts}} if target in LINES else {}
+    judge = judge_for(next(iter(arts.values())).manifest)
     matrix: dict[str, dict[str, str]] = {line: {} for line in LINES}
     for prec, art in arts.items():
         made: dict[str, Any] = {ONNX_NAMES[prec]: art.model}
@@ -762,14 +876,16 @@ def support_matrix(root: Path, arts: dict[str, OnnxArtifact], sha: dict[str, str
                 artifacts[fname]["variant_of"] = ONNX_NAMES[prec]
                 (got,) = run_arrays([runner_for_target(written.model, line)], x)
                 require_finite(got, fname)
-                from vitdeploy.checks.metrics import compare as cmp
-
-                c = cmp(logits_of[prec], got)
-                artifacts[fname]["vs_source"] = {"runner": f"oracle ({line})", "agreement": c.agreement,
-                                                 "max_rel_diff": c.max_rel_diff}
-                if c.max_rel_diff > CHECK_TOLERANCE[prec]:
-                    notes.append(f"{fname}: max |Δlogit| {c.max_rel_diff:.2e} relative to {ONNX_NAMES[prec]}'s "
-                                 f"reference logits, above run.py --check's {CHECK_TOLERANCE[prec]:.0e}")
+                if judge is None:
+                    c = compare(logits_of[prec], got)
+                    artifacts[fname]["vs_source"] = {"runner": f"oracle ({line})", "agreement": c.agreement,
+                                                     "max_rel_diff": c.max_rel_diff}
+                else:
+                    ec = judge.compare(logits_of[prec], got)
+                    artifacts[fname]["vs_source"] = {"runner": f"oracle ({line})", **ec.to_dict()}
+                why = below_check(judge, prec, logits_of[prec], got)
+                if why:
+                    notes.append(f"{fname}: {why} ({ONNX_NAMES[prec]}'s)")
                 try:
                     _embed_check(root, fname, written, artifacts, images, x, None)
                 except VitdeployError as e:

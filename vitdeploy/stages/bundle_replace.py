@@ -90,7 +90,8 @@ def _named_by(block: dict[str, Any]) -> set[str]:
     if isinstance(ref, dict):
         names |= {str(v) for v in (ref.get("images") or []) if isinstance(v, str)}
         names |= {str(ref["inputs"])} if isinstance(ref.get("inputs"), str) else set()
-        names |= {str(v) for v in (ref.get("logits") or {}).values() if isinstance(v, str)}
+        for key in ("logits", "embeddings"):  # a classifier's reference outputs, an embedding model's
+            names |= {str(v) for v in (ref.get(key) or {}).values() if isinstance(v, str)}
     tri = block.get("triton") or {}
     if isinstance(tri, dict) and isinstance(tri.get("name"), str):
         names |= {f"triton/{tri['name']}/{f}" for f in ("config.pbtxt", "labels.txt", "1/model.onnx")}

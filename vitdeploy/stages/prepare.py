@@ -22,6 +22,36 @@ from vitdeploy.core.naming import ONNX_NAMES
 GUARD_MAX_DROP = 1.0
 
 
+def guard_budget(manifest: Any, images: Path | None, labeled: Path | None, notes: list[str]) -> dict[str, Any]:
+    """calibrate's budget keywords for the one-command path, decided by the task (core/task.py), not the family.
+
+    A classifier: the top-1 budget (``max_drop``) on the labeled images, where there are some. An embedding model has
+    no top-1: its budget is the mean per-image cosine to FP32 (checks/judge.embedding_budget("int8")), on the images
+    given (labels not needed), passed as calibrate's ``min_cosine`` where calibrate has that guard; where it does not,
+    INT8 is calibrated without a budget and the note says so (the bundle's table still judges it by cosine)."""
+    import inspect
+
+    from vitdeploy.checks.judge import judge_for
+
+    judge = judge_for(manifest)
+    if judge is None:
+        if labeled is None:
+            notes.append("INT8 calibrated without an accuracy budget: --images has no labeled class sub-folders")
+            return {}
+        return {"eval_dir": labeled, "max_drop": GUARD_MAX_DROP}
+    from vitdeploy.stages.precision import calibrate
+
+    budget = judge.budget("int8")
+    if "min_cosine" not in inspect.signature(calibrate).parameters:
+        notes.append("INT8 calibrated without a cosine budget (this calibrate has no --min-cosine guard); the receipt "
+                     f"judges it by cosine to FP32 (budget: mean {budget.min_cosine}, p1 {budget.min_cosine_p1})")
+        return {}
+    if images is None:
+        notes.append("INT8 guarded on calibrate's own images: pass --images for the cosine guard to judge on yours")
+        return {"min_cosine": budget.min_cosine}
+    return {"eval_dir": images, "min_cosine": budget.min_cosine}
+
+
 @dataclass
 class Prepared:
     """What ``prepare`` made or reused beside the checkpoint, and the receipt's rows."""
@@ -74,8 +104,11 @@ def prepare(ckpt: str | Path, images: str | Path | None, target: str | None = No
         export_onnx(ckpt, fp32, check=True, images=images, target=target)
         made.append(fp32.name)
     src = OnnxArtifact.open(fp32)
+    from vitdeploy.core.task import task_of
+
+    embedding = task_of(src.manifest).is_embedding  # no labels, no top-1: judged by cosine (the bundle's table)
     labeled = None
-    if images is not None:
+    if images is not None and not embedding:
         ls = ImageSet.labeled(images, list(src.manifest.labels))
         labeled = Path(ls.source) if ls.labels is not None else None
     models = [fp32]
@@ -84,10 +117,8 @@ def prepare(ckpt: str | Path, images: str | Path | None, target: str | None = No
             from vitdeploy.stages.precision import calibrate
 
             calib = images  # None: calibrate's one rule (calibration/, else the digits for a digits model)
-            say("calibrating INT8" + (" with the accuracy guard" if labeled else ""))
-            budget: dict[str, Any] = {"eval_dir": labeled, "max_drop": GUARD_MAX_DROP} if labeled is not None else {}
-            if labeled is None:
-                notes.append("INT8 calibrated without an accuracy budget: --images has no labeled class sub-folders")
+            budget = guard_budget(src.manifest, Path(images) if images is not None else None, labeled, notes)
+            say("calibrating INT8" + (" with the accuracy guard" if budget else ""))
             calibrate(fp32, calib, q8, target=target, quantizer=quantizer, **budget)
             made.append(q8.name)
         models.append(q8)
@@ -100,7 +131,7 @@ def prepare(ckpt: str | Path, images: str | Path | None, target: str | None = No
             made.append(h16.name)
         models.append(h16)
     rows = _receipt_rows(models, labeled, target, say)
-    if labeled is None:
+    if labeled is None and not embedding:
         notes.append("not verified on labels: --images has no labeled class sub-folders (top-1 and drop left blank)")
     return Prepared(models, made, rows, notes)
 

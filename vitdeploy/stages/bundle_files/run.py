@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""Classify images with this bundle: numpy, Pillow and TensorRT (or ONNX Runtime) only, no torch, no vitdeploy.
+"""Classify images (or embed them) with this bundle: numpy, Pillow and TensorRT (or ONNX Runtime) only, no torch,
+no vitdeploy.
 
 Python 3.8+ (JetPack 5), numpy and Pillow as JetPack ships them (Pillow only to read images: --help and a
 --check of the engine need numpy alone).
 
-    python3 run.py IMAGE_OR_FOLDER ...          # label and score per image
-    python3 run.py --check                      # compare the engine (or ONNX) with the bundle's reference logits
+    python3 run.py IMAGE_OR_FOLDER ...          # label and score per image (an embedding model: its vector)
+    python3 run.py IMAGES --out out.npy         # also save every output row ([N, D]) and out.files.txt, the files
+    python3 run.py --check                      # compare the engine (or ONNX) with the bundle's reference outputs
+
+An embedding model (its output kind in manifest.json is "embedding") has no labels: each image's vector is printed
+(its first values and L2 norm; --json: all of it) and --check compares it with the reference embeddings by per-image
+cosine (mean, 1st percentile, minimum) against the gates manifest.json's bundle.reference.check holds per precision.
 
 The default model is the raw-pixel variant (uint8 RGB in, logits out: scaling,
 mean/std and layout are inside the graph), so this program only decodes,
@@ -355,7 +361,7 @@ class TrtModel:
 
     backend = "tensorrt"
 
-    def __init__(self, path: Path, dla_core: int | None = None) -> None:
+    def __init__(self, path: Path, dla_core: int | None = None, output: str | None = None) -> None:
         import tensorrt as trt
 
         self.name = path.name
@@ -382,6 +388,8 @@ class TrtModel:
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        # the output the manifest names (an embedding model exported with --tokens has patch_tokens beside it)
+        self.output = output if output in self.outputs else self.outputs[0]
         prof = self.engine.get_tensor_profile_shape(self.inputs[0], 0)
         self.min_batch, self.max_batch = int(prof[0][0]), int(prof[2][0])  # DLA: min = max, one fixed batch
         self.stream = self.cuda.stream()
@@ -435,7 +443,7 @@ class TrtModel:
             for host, d in outs.values():
                 cuda.copy(host.ctypes.data, d, host.nbytes, cuda.D2H, self.stream)
             cuda.sync(self.stream)
-            return np.asarray(outs[self.outputs[0]][0][:n], np.float32)
+            return np.asarray(outs[self.output][0][:n], np.float32)
         finally:
             for b in bufs:
                 cuda.free(b)
@@ -537,10 +545,10 @@ def find_engine(info: dict, model_rel: str, backend: str) -> tuple[dict | None, 
     return None, trt is not None
 
 
-def open_engine(plan_rel: str, dla_core: int | None) -> TrtModel:
+def open_engine(plan_rel: str, dla_core: int | None, output: str | None = None) -> TrtModel:
     plan_file = bundle_file(plan_rel, "engine")
     try:
-        return TrtModel(plan_file, dla_core)
+        return TrtModel(plan_file, dla_core, output)
     except SystemExit:
         raise
     except ImportError:
@@ -689,6 +697,102 @@ def load_npy(rel: object) -> np.ndarray:
         raise SystemExit(f"error: {safe(rel)}: not a numpy array file ({_first_line(e)}): copy the bundle again") from None
 
 
+def is_embedding(art: dict) -> bool:
+    """Whether a model of this bundle answers an embedding (manifest.json's output kind), not logits."""
+    out = art.get("output")
+    return isinstance(out, dict) and out.get("kind") == "embedding"
+
+
+def check_dim(manifest: dict, dim: int) -> None:
+    """The vector is as wide as the manifest's task says (an engine of another model gives another width)."""
+    task = manifest.get("task")
+    want = task.get("dim") if isinstance(task, dict) else None
+    if isinstance(want, int) and want > 0 and want != dim:
+        raise SystemExit(f"error: manifest.json's task is a {want}-d embedding, the model gives {dim} values per image: "
+                         "copy the bundle again, or rebuild the engine with ./build_engine.sh")
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per-row cosine in float64; a row that is not finite or is all zeros on either side scores 0 (never passes)."""
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    ok: np.ndarray = np.asarray(np.isfinite(a64).all(axis=1) & np.isfinite(b64).all(axis=1))
+    a64, b64 = np.where(ok[:, None], a64, 0.0), np.where(ok[:, None], b64, 0.0)
+    den = np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1)
+    return np.where(ok & (den > 0), (a64 * b64).sum(axis=1) / np.where(den > 0, den, 1.0), 0.0)
+
+
+def embedding_gates(info: dict, prec: str) -> tuple[float, float]:
+    """(mean, 1st-percentile) per-image cosine run.py --check holds an embedding model to: manifest.json's
+    bundle.reference.check[precision], written by vitdeploy bundle from its judge's budget (nothing hard-coded here)."""
+    try:
+        g = info["reference"]["check"][prec]
+        mean, p1 = float(g["min_cosine"]), float(g["min_cosine_p1"])
+    except (KeyError, TypeError, ValueError):
+        raise SystemExit(f"error: manifest.json has no cosine gates for {prec} (bundle.reference.check): copy the "
+                         "bundle again") from None
+    if not (0.0 < mean <= 1.0 and 0.0 < p1 <= 1.0):
+        raise SystemExit(f"error: manifest.json's cosine gates for {prec} ({mean}, {p1}) are not in (0, 1]: copy the "
+                         "bundle again")
+    return mean, p1
+
+
+def check_embeddings(model: Any, art: dict, info: dict, pp: dict, manifest: dict, batch: int) -> dict:
+    """--check for an embedding model: the reference inputs through the model, each vector's cosine to the
+    reference embedding of the same precision; passes when the mean and 1st percentile meet the manifest's gates."""
+    images = load_npy(info["reference"]["inputs"])
+    prec = art["precision"]
+    try:
+        ref_rel = info["reference"]["embeddings"][prec]
+    except (KeyError, TypeError):
+        raise SystemExit(f"error: manifest.json names no reference embeddings for {prec}: copy the bundle again") from None
+    ref = load_npy(ref_rel)
+    gate_mean, gate_p1 = embedding_gates(info, prec)
+    got = run_batches(model, model_input(images, art["input"], pp), batch)
+    if ref.shape != got.shape or got.ndim != 2:
+        raise SystemExit(f"error: {safe(ref_rel)} holds embeddings of shape {ref.shape}, the model gives {got.shape} on "
+                         f"{len(images)} reference images: copy the bundle again")
+    check_dim(manifest, got.shape[1])
+    cos = cosine_rows(got, ref)
+    mean, p1, low = float(cos.mean()), float(np.percentile(cos, 1)), float(cos.min())
+    ok = mean >= gate_mean and p1 >= gate_p1
+    return {"precision": prec, "images": len(images), "cosine_mean": mean, "cosine_p1": p1, "cosine_min": low,
+            "min_cosine": gate_mean, "min_cosine_p1": gate_p1, "ok": ok}
+
+
+HEAD_VALUES = 8  # values of each vector printed as text (--json prints all); the C++ example prints as many
+
+
+def vector_line(path: object, v: np.ndarray) -> str:
+    """One text line per image for an embedding model: path, width, L2 norm, the first values."""
+    norm = float(np.linalg.norm(np.asarray(v, np.float64)))
+    head = " ".join(f"{float(x):.4f}" for x in v[:HEAD_VALUES]) + (" ..." if len(v) > HEAD_VALUES else "")
+    return f"{safe(path)}\t{len(v)}-d\tnorm {norm:.4f}\t{head}"
+
+
+def sidecar_name(out: Path) -> Path:
+    """The file-name list beside --out's array: emb.npy -> emb.files.txt."""
+    return out.with_name(out.name[: -len(".npy")] + ".files.txt")
+
+
+def save_outputs(out: Path, rows: list[np.ndarray], files: list[Path]) -> None:
+    """--out: the [N, D] float32 array (numpy's .npy) and the file names (one a line, control characters escaped as
+    run.py prints them), each written to a temporary file beside it and renamed into place."""
+    import tempfile
+
+    arr = np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)
+    for dest, write in ((out, lambda f: np.save(f, np.ascontiguousarray(arr, np.float32), allow_pickle=False)),
+                        (sidecar_name(out), lambda f: f.write("".join(f"{safe(p)}\n" for p in files).encode("utf-8")))):
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=str(dest.parent))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+            os.replace(tmp, dest)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command; any failure is one line (RUN_PY_DEBUG=1: the traceback), exit 1; usage errors exit 2."""
     try:
@@ -713,10 +817,22 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print JSON lines instead of text")
     ap.add_argument("--dla-core", type=int, default=None,
                     help="the DLA core of a DLA engine (default: from its sidecar, or ENGINE.dla that build_engine.sh writes)")
-    ap.add_argument("--check", action="store_true", help="compare with the bundle's reference logits; exit 1 when they differ")
+    ap.add_argument("--check", action="store_true", help="compare with the bundle's reference logits (an embedding "
+                    "model: embeddings, by per-image cosine); exit 1 when they differ")
+    ap.add_argument("--out", metavar="FILE.npy", help="also save every image's output row (an embedding model: its "
+                    "vector) as one [N, D] float32 array, and the file names in FILE.files.txt, one a line")
     args = ap.parse_args(argv)
+    out_path = None
+    if args.out is not None:
+        if args.check:
+            ap.error("--out saves the outputs of the images given; --check compares the bundle's references")
+        out_path = Path(args.out)
+        if not out_path.name.endswith(".npy") or out_path.name == ".npy":
+            ap.error(f"--out {safe(args.out)}: give a file name ending in .npy")
+        if not out_path.parent.is_dir():
+            ap.error(f"--out {safe(args.out)}: no folder {safe(out_path.parent)}")
 
-    _, info, pp, labels = read_manifest()
+    manifest, info, pp, labels = read_manifest()
     rel = args.model or info["default_model"]
     given = Path(rel)
     try:  # a model of this bundle: a path relative to it, or an absolute path into it; never a file elsewhere
@@ -743,11 +859,26 @@ def _main(argv: list[str] | None = None) -> int:
                          "copy the bundle again")
     data = verify_files(info, list(info["artifacts"]) if args.check else [run_onnx], None if entry else run_onnx)
     ov = openvino_for(art, args.backend)
-    model: OrtModel | OvModel | TrtModel = (open_engine(entry["engine"], args.dla_core) if entry
+    out_name = art["output"].get("name") if isinstance(art.get("output"), dict) else None
+    model: OrtModel | OvModel | TrtModel = (open_engine(entry["engine"], args.dla_core, out_name) if entry
                                             else open_onnx(run_onnx, data or b"", ov))
     del data
     ran = f"{entry['engine']} (built from {run_onnx})" if entry else run_onnx
 
+    embedding = is_embedding(art)
+    if args.check and embedding:
+        result = {"model": run_onnx, "engine": entry["engine"] if entry else None, "backend": model.backend,
+                  **check_embeddings(model, art, info, pp, manifest, args.batch)}
+        if isinstance(model, TrtModel):
+            result["receipt"] = model.receipt()
+        r = result
+        print(json.dumps(result) if args.json else
+              f"{'OK' if r['ok'] else 'FAILED'}: {safe(ran)} on {model.backend} vs reference {r['precision']} embeddings: "
+              f"per-image cosine mean {r['cosine_mean']:.6f} (at least {r['min_cosine']}), 1st percentile "
+              f"{r['cosine_p1']:.6f} (at least {r['min_cosine_p1']}), min {r['cosine_min']:.6f} on {r['images']} images")
+        if "receipt" in result and not args.json:
+            print_receipt(result["receipt"])
+        return 0 if r["ok"] else 1
     if args.check:
         images = load_npy(info["reference"]["inputs"])
         prec = art["precision"]
@@ -772,17 +903,15 @@ def _main(argv: list[str] | None = None) -> int:
               f"{'OK' if ok else 'FAILED'}: {safe(ran)} on {model.backend} vs reference {prec} logits: max |Δ| {diff:.2e} of "
               f"the largest logit (tolerance {tol:.0e}), top-1 agreement {agree:.1%} on {len(images)} images")
         if "receipt" in result and not args.json:
-            r = result["receipt"]
-            share = ", ".join(f"{k} {v:.0%}" for k, v in sorted((r.get("gemm_share") or {}).items(), key=lambda kv: -kv[1]))
-            print(f"precision receipt: GEMM FLOPs {share}; attention fused: {(r.get('attention') or {}).get('fused')}; "
-                  f"{len(r.get('fp32_layers') or [])} FP32 layers" if r.get("status") == "ok"
-                  else f"precision receipt: unknown ({safe(r.get('reason'))})")
+            print_receipt(result["receipt"])
         return 0 if ok else 1
 
     files = list_images(args.images)
     if not files:
         ap.error("give image files or folders (or --check)")
     status, done, checked = 0, 0, False
+    saved_rows: list[np.ndarray] = []
+    saved_files: list[Path] = []
     for ok_files, batch in decoded_batches(files, pp, args.batch):
         if len(ok_files) < min(args.batch, len(files) - done):
             status = 3
@@ -791,8 +920,20 @@ def _main(argv: list[str] | None = None) -> int:
             continue
         out = run_batches(model, model_input(batch, art["input"], pp), args.batch)
         if not checked:
-            check_labels(labels, out.shape[1])
+            if embedding:
+                check_dim(manifest, out.shape[1])
+            else:
+                check_labels(labels, out.shape[1])
             checked = True
+        if out_path is not None:
+            saved_rows.append(out)
+            saved_files += ok_files
+        if embedding:
+            for f, v in zip(ok_files, out):  # noqa: B905 - Python 3.8 (JetPack 5) has no strict=
+                print(json.dumps({"path": str(f), "dim": int(v.shape[0]), "norm": float(np.linalg.norm(v.astype(np.float64))),
+                                  "embedding": [float(x) for x in v]}) if args.json else vector_line(f, v))
+            sys.stdout.flush()
+            continue
         probs = out if art["output"]["kind"] == "probs" else softmax(out)
         for f, p in zip(ok_files, probs):  # noqa: B905 - Python 3.8 (JetPack 5) has no strict=
             top = np.argsort(-p)[: args.top]
@@ -802,7 +943,19 @@ def _main(argv: list[str] | None = None) -> int:
             else:
                 print(f"{safe(f)}\t" + "\t".join(f"{safe(labels[i])}\t{p[i]:.4f}" for i in top))
         sys.stdout.flush()
+    if out_path is not None and checked:
+        save_outputs(out_path, saved_rows, saved_files)
+        print(f"saved {sum(len(r) for r in saved_rows)} rows to {safe(out_path)} and their files to "
+              f"{safe(sidecar_name(out_path))}", file=sys.stderr)
     return status if checked else 1
+
+
+def print_receipt(r: dict) -> None:
+    """The engine's precision receipt, one line (run.py --check on TensorRT)."""
+    share = ", ".join(f"{k} {v:.0%}" for k, v in sorted((r.get("gemm_share") or {}).items(), key=lambda kv: -kv[1]))
+    print(f"precision receipt: GEMM FLOPs {share}; attention fused: {(r.get('attention') or {}).get('fused')}; "
+          f"{len(r.get('fp32_layers') or [])} FP32 layers" if r.get("status") == "ok"
+          else f"precision receipt: unknown ({safe(r.get('reason'))})")
 
 
 if __name__ == "__main__":

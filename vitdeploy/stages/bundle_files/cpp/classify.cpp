@@ -2,6 +2,9 @@
 //
 //   classify ../model.int8.raw.engine ../reference/images            # "path<TAB>label<TAB>score" per image
 //   classify ../model.int8.raw.engine photo.jpg --top 3 --json       # JSON lines, as run.py --json
+//   classify ../model.raw.engine photos/ --out emb.npy               # an embedding model (bundle.cfg task=embedding):
+//                                                                    # "path<TAB>D-d<TAB>norm N<TAB>first values" per
+//                                                                    # image; all vectors saved, names in emb.files.txt
 //
 // Exit status as run.py: 0 done, 1 failed (nothing classified), 2 bad usage, 3 some images skipped.
 #include <fcntl.h>
@@ -20,17 +23,20 @@
 namespace {
 
 const char* kUsage =
-    "usage: classify [--config FILE] [--labels FILE] [--top K] [--batch N] [--json] [--dla-core N] [--verbose]\n"
-    "                ENGINE IMAGE_OR_FOLDER...\n"
+    "usage: classify [--config FILE] [--labels FILE] [--top K] [--batch N] [--json] [--out FILE.npy] [--dla-core N]\n"
+    "                [--verbose] ENGINE IMAGE_OR_FOLDER...\n"
     "  ENGINE      the engine ./build_engine.sh built from the raw-pixel ONNX (model*.raw.engine)\n"
     "  --config    the bundle's facts file (default: cpp/bundle.cfg in the engine's folder, else ./cpp/bundle.cfg,\n"
     "              else ./bundle.cfg)\n"
     "  --labels    labels file (default: the one bundle.cfg names, the bundle's labels.txt)\n"
     "  --top K     labels printed per image (default 1)     --batch N  images per call (default 8)\n"
-    "  --json      JSON lines as run.py --json              --dla-core N  run a DLA engine on core N\n";
+    "  --json      JSON lines as run.py --json              --dla-core N  run a DLA engine on core N\n"
+    "  --out F.npy also save every output row (an embedding model: its vector) as one [N, D] float32 .npy,\n"
+    "              and the file names in F.files.txt, one a line (as run.py --out)\n"
+    "  An embedding model (bundle.cfg task=embedding) prints each image's vector: width, L2 norm, first values.\n";
 
 struct Args {
-  std::string config, labels, engine;
+  std::string config, labels, engine, out;
   std::vector<std::string> images;
   int top = -1, batch = -1, dla_core = -1;
   bool json = false, verbose = false;
@@ -72,6 +78,12 @@ Args parse(int argc, char** argv) {
       a.dla_core = positive(s, value(s), 0);
     } else if (s == "--json") {
       a.json = true;
+    } else if (s == "--out") {
+      a.out = value(s);
+      const std::string suffix = ".npy";
+      const std::string base = std::filesystem::path(a.out).filename().string();
+      if (base.size() <= suffix.size() || base.compare(base.size() - suffix.size(), suffix.size(), suffix) != 0)
+        usage_error("--out " + a.out + ": give a file name ending in .npy");
     } else if (s == "--verbose") {
       a.verbose = true;
     } else if (s == "--") {
@@ -135,6 +147,48 @@ class QuietStderr {
   int saved_ = -1;
 };
 
+// A file name as run.py's safe() prints it: ASCII control characters escaped (\n, \t, \r, \xNN), one inert line.
+std::string escaped(const std::string& s) {
+  std::string o;
+  for (unsigned char c : s) {
+    if (c == '\n') {
+      o += "\\n";
+    } else if (c == '\t') {
+      o += "\\t";
+    } else if (c == '\r') {
+      o += "\\r";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      o += buf;
+    } else {
+      o += static_cast<char>(c);
+    }
+  }
+  return o;
+}
+
+constexpr int kHeadValues = 8;  // values of each vector printed as text, as run.py's HEAD_VALUES
+
+// run.py's line for one vector: path, width, L2 norm, the first values ("%.4f", as Python's format).
+void print_vector(const std::string& path, const float* v, int n, bool json) {
+  const double norm = vitdeploy::l2_norm(v, n);
+  if (json) {
+    std::string line = "{\"path\": " + json_string(path) + ", \"dim\": " + std::to_string(n) + ", \"norm\": ";
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", norm);
+    line += std::string(buf) + ", \"embedding\": [";
+    for (int j = 0; j < n; ++j) line += std::string(j ? ", " : "") + json_float(v[j]);
+    std::printf("%s]}\n", line.c_str());
+    return;
+  }
+  std::printf("%s\t%d-d\tnorm %.4f\t", escaped(path).c_str(), n, norm);
+  for (int j = 0; j < n && j < kHeadValues; ++j) std::printf("%s%.4f", j ? " " : "", static_cast<double>(v[j]));
+  std::printf("%s\n", n > kHeadValues ? " ..." : "");
+}
+
+std::string sidecar_name(const std::string& out) { return out.substr(0, out.size() - 4) + ".files.txt"; }
+
 std::string find_config(const Args& a) {
   namespace fs = std::filesystem;
   if (!a.config.empty()) return a.config;
@@ -152,20 +206,31 @@ int main(int argc, char** argv) {
   Args args = parse(argc, argv);
   try {
     vitdeploy::Config cfg = vitdeploy::read_config(find_config(args));
-    std::vector<std::string> labels = vitdeploy::read_labels(args.labels.empty() ? cfg.labels : args.labels);
+    const bool embedding = cfg.is_embedding();  // the manifest's task: a vector per image, no labels
+    std::vector<std::string> labels;
+    if (!embedding) labels = vitdeploy::read_labels(args.labels.empty() ? cfg.labels : args.labels);
     const int top = args.top > 0 ? args.top : cfg.top, batch = args.batch > 0 ? args.batch : cfg.batch;
     std::vector<std::string> files = vitdeploy::list_images(args.images);
     if (files.empty()) usage_error("no images in " + args.images[0]);
+    if (!args.out.empty()) {
+      std::error_code ec;
+      const std::filesystem::path dir = std::filesystem::path(args.out).parent_path();
+      if (!dir.empty() && !std::filesystem::is_directory(dir, ec)) usage_error("--out " + args.out + ": no folder " + dir.string());
+    }
 
     vitdeploy::EngineOptions opt;
     opt.dla_core = args.dla_core;
     opt.verbose = args.verbose;
+    opt.output = cfg.output;
     std::unique_ptr<vitdeploy::Classifier> model = vitdeploy::Classifier::open(args.engine, opt);
     if (model->input_height() != cfg.input_height || model->input_width() != cfg.input_width)
       throw vitdeploy::Error(args.engine + ": takes " + std::to_string(model->input_width()) + "x" + std::to_string(model->input_height()) +
                              " images, the bundle's model " + std::to_string(cfg.input_width) + "x" + std::to_string(cfg.input_height) +
                              ": an engine of another model?");
-    if (static_cast<int>(labels.size()) != model->num_classes())
+    if (embedding && cfg.embedding_dim > 0 && model->num_classes() != cfg.embedding_dim)
+      throw vitdeploy::Error(args.engine + ": " + std::to_string(model->num_classes()) + " values per image, but the bundle's "
+                             "model is a " + std::to_string(cfg.embedding_dim) + "-d embedding: an engine of another model?");
+    if (!embedding && static_cast<int>(labels.size()) != model->num_classes())
       throw vitdeploy::Error(args.engine + ": " + std::to_string(model->num_classes()) + " classes, but " +
                              std::to_string(labels.size()) + " labels: an engine of another model?");
 
@@ -187,8 +252,15 @@ int main(int argc, char** argv) {
       }
     }
     if (images.empty()) return 1;
-    std::vector<std::vector<vitdeploy::Prediction>> preds = model->classify(images, top, batch);
-    for (size_t i = 0; i < ok_files.size(); ++i) {
+    const int width = model->num_classes();
+    const std::vector<float> z = model->logits(images, batch);
+    if (embedding) {
+      for (size_t i = 0; i < ok_files.size(); ++i) print_vector(ok_files[i], &z[i * width], width, args.json);
+    }
+    std::vector<std::vector<vitdeploy::Prediction>> preds;
+    if (!embedding)
+      for (size_t i = 0; i < images.size(); ++i) preds.push_back(vitdeploy::top_k(vitdeploy::softmax(&z[i * width], width), top));
+    for (size_t i = 0; i < preds.size(); ++i) {
       const auto& p = preds[i];
       if (args.json) {
         std::string line = "{\"path\": " + json_string(ok_files[i]) + ", \"label\": " + json_string(labels[p[0].index]) +
@@ -201,6 +273,15 @@ int main(int argc, char** argv) {
         for (const auto& q : p) std::printf("\t%s\t%.4f", labels[q.index].c_str(), static_cast<double>(q.score));
         std::printf("\n");
       }
+    }
+    std::fflush(stdout);
+    if (!args.out.empty()) {  // as run.py --out: the rows of the images read, and their names
+      vitdeploy::write_npy(args.out, z, static_cast<int>(ok_files.size()), width);
+      std::string names;
+      for (const std::string& f : ok_files) names += escaped(f) + "\n";
+      vitdeploy::write_text_file(sidecar_name(args.out), names);
+      std::fprintf(stderr, "saved %zu rows to %s and their files to %s\n", ok_files.size(), escaped(args.out).c_str(),
+                   escaped(sidecar_name(args.out)).c_str());
     }
     return status;
   } catch (const std::exception& e) {

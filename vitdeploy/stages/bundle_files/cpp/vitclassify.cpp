@@ -87,6 +87,11 @@ Config read_config(const std::string& path) {
   if (c.resample_order != "horizontal" && c.resample_order != "pillow13")
     throw Error(path + ": resample_order=" + c.resample_order + " (expected horizontal or pillow13)");
   if (kv.count("input_name")) c.input_name = kv["input_name"];
+  if (kv.count("task")) c.task = kv["task"];
+  if (c.task != "classifier" && c.task != "embedding")
+    throw Error(path + ": task=" + c.task + " (expected classifier or embedding)");
+  if (kv.count("output")) c.output = kv["output"];
+  if (kv.count("embedding_dim")) c.embedding_dim = to_int(path, "embedding_dim", kv["embedding_dim"]);
   if (kv.count("num_classes")) c.num_classes = to_int(path, "num_classes", kv["num_classes"]);
   if (kv.count("batch")) c.batch = to_int(path, "batch", kv["batch"]);
   if (kv.count("top")) c.top = to_int(path, "top", kv["top"]);
@@ -458,6 +463,54 @@ std::vector<float> softmax(const float* z, int n) {
   for (float& v : e) v /= sum;
   return e;
 }
+
+double l2_norm(const float* v, int n) {
+  double s = 0.0;
+  for (int i = 0; i < n; ++i) s += static_cast<double>(v[i]) * static_cast<double>(v[i]);
+  return std::sqrt(s);
+}
+
+static void write_replacing(const std::string& path, const std::string& bytes) {
+  const fs::path dest(path);
+  const fs::path tmp = dest.parent_path() / ("." + dest.filename().string() + ".tmp");
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw Error(path + ": cannot write it (does its folder exist?)");
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    f.flush();
+    if (!f) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw Error(path + ": cannot write it (disk full?)");
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, dest, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw Error(path + ": cannot put it in place (" + ec.message() + ")");
+  }
+}
+
+void write_npy(const std::string& path, const std::vector<float>& values, int rows, int cols) {
+  const uint16_t probe = 1;
+  if (*reinterpret_cast<const uint8_t*>(&probe) != 1) throw Error("write_npy: a big-endian host writes no '<f4' file");
+  if (values.size() != static_cast<size_t>(rows) * static_cast<size_t>(cols)) throw Error("write_npy: values are not rows x cols");
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(rows) + ", " +
+                       std::to_string(cols) + "), }";
+  // magic (6) + version (2) + header length (2) + header, padded with spaces to a multiple of 64, ending in '\n'
+  const size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+  std::string bytes("\x93NUMPY\x01\x00", 8);
+  bytes += static_cast<char>(header.size() & 0xff);
+  bytes += static_cast<char>((header.size() >> 8) & 0xff);
+  bytes += header;
+  bytes.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  write_replacing(path, bytes);
+}
+
+void write_text_file(const std::string& path, const std::string& text) { write_replacing(path, text); }
 
 std::vector<Prediction> top_k(const std::vector<float>& probs, int k) {
   std::vector<int> idx(probs.size());

@@ -1,8 +1,9 @@
-// vitclassify: classify images with the bundle's raw-pixel TensorRT engine from C++.
+// vitclassify: classify images (or embed them) with the bundle's raw-pixel TensorRT engine from C++.
 //
 // Written by `vitdeploy bundle` into the bundle's cpp/ folder. Two translation units:
 //   vitclassify.cpp      everything that needs no GPU: bundle.cfg and labels.txt, image decoding (OpenCV),
-//                        Pillow's resampling (the same bytes as run.py), crop, batch packing, softmax, top-k;
+//                        Pillow's resampling (the same bytes as run.py), crop, batch packing, softmax, top-k,
+//                        an embedding's L2 norm and the .npy file its vectors are saved to;
 //   vitclassify_trt.cpp  the engine: TensorRT 8.5 ... 11 through the name-based API, CUDA runtime calls.
 // The raw-pixel engine takes uint8 [batch, H, W, 3] RGB; scaling, mean/std and layout are inside the graph,
 // so the only preprocessing here is decode, resize and crop, done exactly as run.py does it with Pillow.
@@ -37,11 +38,17 @@ struct Config {
   // The passes round to uint8 in between, so the order changes some pixels by one level.
   std::string resample_order = "horizontal";
   std::string input_name = "images";
+  // "classifier" (logits over labels; the default, and what a bundle.cfg without a task line is) or "embedding"
+  // (a vector per image, no labels): the manifest's task, which decides what the example prints and saves.
+  std::string task = "classifier";
+  std::string output;     // the engine output to read ("embedding"; empty: the first output)
+  int embedding_dim = 0;  // an embedding model's vector width (0: not said)
   int num_classes = 0;
   std::string labels;   // path, resolved against the config's folder
   std::string engine;   // default engine path, resolved against the config's folder
   int batch = 8;        // images per call, as run.py --batch
   int top = 1;          // labels printed per image, as run.py --top
+  bool is_embedding() const { return task == "embedding"; }
 };
 
 Config read_config(const std::string& path);
@@ -83,6 +90,13 @@ struct Prediction {
 };
 // Softmax of one row of logits in float32, as run.py computes it with numpy.
 std::vector<float> softmax(const float* logits, int n);
+// The L2 norm of one vector, summed in double (as run.py's numpy.linalg.norm of the float64 row).
+double l2_norm(const float* v, int n);
+// Write rows x cols float32 values as a NumPy .npy file (format 1.0, little-endian '<f4', C order), through a
+// temporary file beside it renamed into place; numpy.load reads it. Throws Error naming the file on failure.
+void write_npy(const std::string& path, const std::vector<float>& values, int rows, int cols);
+// Write text to a file through a temporary file beside it renamed into place (the --out sidecar).
+void write_text_file(const std::string& path, const std::string& text);
 // The k best classes, highest score first.
 std::vector<Prediction> top_k(const std::vector<float>& probs, int k);
 
@@ -97,6 +111,7 @@ std::vector<char> read_file(const std::string& path, const std::string& what);
 struct EngineOptions {
   int dla_core = -1;     // set on the runtime before deserializing a DLA engine, as trtexec --useDLACore does
   bool verbose = false;  // TensorRT's warnings and errors on stderr
+  std::string output;    // the output to read by name (bundle.cfg's output=; an engine with patch_tokens has two)
 };
 
 // A raw-pixel engine. open() is defined in vitclassify_trt.cpp (TensorRT and CUDA).
@@ -108,12 +123,15 @@ class Classifier {
   virtual int max_batch() const = 0;
   virtual int input_height() const = 0;
   virtual int input_width() const = 0;
+  // Values per image of the output read: a classifier's classes, an embedding model's vector width.
   virtual int num_classes() const = 0;
-  // Run exactly n images (min_batch <= n <= max_batch), uint8 NHWC → n * num_classes() float logits.
+  // Run exactly n images (min_batch <= n <= max_batch), uint8 NHWC → n * num_classes() float logits (or vectors).
   virtual void run(const uint8_t* pixels, int n, float* logits) = 0;
 
   // Logits of any number of images of the engine's input size: split and padded per plan_batches().
   std::vector<float> logits(const std::vector<Image>& images, int batch = 8);
+  // An embedding model's vectors (n * num_classes() floats), computed as logits() is.
+  std::vector<float> embed(const std::vector<Image>& images, int batch = 8) { return logits(images, batch); }
   // Softmax and the k best classes of each image.
   std::vector<std::vector<Prediction>> classify(const std::vector<Image>& images, int k = 1, int batch = 8);
 };

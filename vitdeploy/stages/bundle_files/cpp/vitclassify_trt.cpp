@@ -112,14 +112,20 @@ class TrtClassifier : public Classifier {
       }
     }
     if (input_.empty() || outputs_.empty()) throw Error(path + ": the engine has no input or no output");
+    // the output to read: the one bundle.cfg names (an embedding engine built with --tokens also has patch_tokens)
+    if (!opt.output.empty()) {
+      auto it = std::find(outputs_.begin(), outputs_.end(), opt.output);
+      if (it == outputs_.end()) throw Error(path + ": no output " + opt.output + ": an engine of another model?");
+      out_ = static_cast<size_t>(it - outputs_.begin());
+    }
     nvinfer1::Dims d = engine_->getTensorShape(input_.c_str());
     if (engine_->getTensorDataType(input_.c_str()) != nvinfer1::DataType::kUINT8 || d.nbDims != 4 || d.d[3] != 3)
       throw Error(path + ": input " + input_ + " is not uint8 [batch, H, W, 3]: build the engine from the raw-pixel ONNX (model*.raw.onnx)");
     height_ = static_cast<int>(d.d[1]);
     width_ = static_cast<int>(d.d[2]);
-    const nvinfer1::DataType out_type = engine_->getTensorDataType(outputs_[0].c_str());
+    const nvinfer1::DataType out_type = engine_->getTensorDataType(outputs_[out_].c_str());
     if (out_type != nvinfer1::DataType::kFLOAT && out_type != nvinfer1::DataType::kHALF)
-      throw Error(path + ": output " + outputs_[0] + " is neither float32 nor float16");
+      throw Error(path + ": output " + outputs_[out_] + " is neither float32 nor float16");
     if (static_cast<int64_t>(d.d[0]) >= 0) {  // a static batch (a DLA engine): exactly that many images per call
       min_ = max_ = static_cast<int>(d.d[0]);
     } else {
@@ -132,12 +138,12 @@ class TrtClassifier : public Classifier {
     if (!context_) throw Error(path + ": TensorRT could not create an execution context (out of GPU memory?)");
     cuda_check(cudaStreamCreate(&stream_), "cudaStreamCreate");
     out_bufs_.resize(outputs_.size());
-    // the class count: the first output's last extent at the smallest batch
+    // the class count (an embedding's width): the output's last extent at the smallest batch
     nvinfer1::Dims in = d;
     in.d[0] = min_;
     if (!context_->setInputShape(input_.c_str(), in)) throw Error(path + ": setInputShape failed for batch " + std::to_string(min_));
-    nvinfer1::Dims od = context_->getTensorShape(outputs_[0].c_str());
-    if (od.nbDims != 2 || od.d[1] < 1) throw Error(path + ": output " + outputs_[0] + " is not [batch, classes]");
+    nvinfer1::Dims od = context_->getTensorShape(outputs_[out_].c_str());
+    if (od.nbDims != 2 || od.d[1] < 1) throw Error(path + ": output " + outputs_[out_] + " is not [batch, values]");
     classes_ = static_cast<int>(od.d[1]);
   }
 
@@ -174,12 +180,12 @@ class TrtClassifier : public Classifier {
       if (!context_->setTensorAddress(outputs_[i].c_str(), out_bufs_[i].ptr)) throw Error("TensorRT setTensorAddress failed for " + outputs_[i]);
     }
     if (!context_->enqueueV3(stream_)) throw Error("TensorRT enqueueV3 failed");
-    const bool half = engine_->getTensorDataType(outputs_[0].c_str()) == nvinfer1::DataType::kHALF;
-    std::vector<uint8_t> host(out_bytes[0]);
-    cuda_check(cudaMemcpyAsync(host.data(), out_bufs_[0].ptr, out_bytes[0], cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (from the GPU)");
+    const bool half = engine_->getTensorDataType(outputs_[out_].c_str()) == nvinfer1::DataType::kHALF;
+    std::vector<uint8_t> host(out_bytes[out_]);
+    cuda_check(cudaMemcpyAsync(host.data(), out_bufs_[out_].ptr, out_bytes[out_], cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (from the GPU)");
     cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     const size_t values = static_cast<size_t>(n) * classes_;
-    if (out_bytes[0] != values * (half ? 2 : 4)) throw Error("output " + outputs_[0] + " is not [batch, " + std::to_string(classes_) + "]");
+    if (out_bytes[out_] != values * (half ? 2 : 4)) throw Error("output " + outputs_[out_] + " is not [batch, " + std::to_string(classes_) + "]");
     for (size_t i = 0; i < values; ++i)
       logits[i] = half ? half_to_float(as_u16(&host[i * 2])) : [&] { float f; std::memcpy(&f, &host[i * 4], 4); return f; }();
   }
@@ -193,7 +199,7 @@ class TrtClassifier : public Classifier {
       case nvinfer1::DataType::kHALF:
         return 2;
       default:
-        return 8;  // generous for the rest (int64 and wider); only the first output is read
+        return 8;  // generous for the rest (int64 and wider); only the output read (out_) is copied back
     }
   }
 
@@ -204,6 +210,7 @@ class TrtClassifier : public Classifier {
   cudaStream_t stream_ = nullptr;
   std::string input_;
   std::vector<std::string> outputs_;
+  size_t out_ = 0;  // index in outputs_ of the output read
   DeviceBuffer in_buf_;
   std::vector<DeviceBuffer> out_bufs_;
   int min_ = 1, max_ = 1, height_ = 0, width_ = 0, classes_ = 0;
