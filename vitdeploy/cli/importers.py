@@ -41,6 +41,9 @@ def import_(
 
     if templates is not None and classes is None:
         raise UsageError("--templates shapes the prompts of --classes: give the class names with --classes FILE")
+    if classes is not None and (arch or labels is not None):
+        raise UsageError(f"--classes names the classes of a zero-shot classifier of an image-text pair: drop "
+                         f"{'--arch' if arch else '--labels'}")
     inputs = [source, labels, classes]
     if templates is not None and templates not in ("openai", "simple"):
         inputs.append(Path(templates))

@@ -250,7 +250,7 @@ def import_checkpoint(
             from vitdeploy.model.zero_shot import plan_zero_shot, zero_shot_classifier
 
             if arch or labels is not None:
-                raise UsageError("--classes names the classes of a zero-shot classifier: drop "
+                raise UsageError("--classes names the classes of a zero-shot classifier of an image-text pair: drop "
                                  f"{'--arch' if arch else '--labels'}")
             plan = plan_zero_shot(source, zero_shot)  # the class names, templates and folder: before any weights
             ck = zero_shot_classifier(load_any(plan.folder), plan, progress)

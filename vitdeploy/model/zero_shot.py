@@ -30,6 +30,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,8 +193,8 @@ class HFTextTower(TextTower):
                 raise VitdeployError(f"{folder}: transformers cannot load the pair ({_first_line(e)})") from None
         missing = [k for k in info.get("missing_keys", ()) if not k.startswith("vision_model.")]
         if missing:
-            raise VitdeployError(f"{folder}: the weights lack the text tower ({', '.join(sorted(missing)[:3])}): "
-                                 "save the whole pair (model.save_pretrained)")
+            raise UsageError(f"{folder}: the weights lack the text tower ({', '.join(sorted(missing)[:3])}); --classes "
+                             "needs both towers: save the whole pair (model.save_pretrained)")
         self.model = model.float().eval()
         self.source = model_type
         self.logit_scale = float(self.model.logit_scale.detach().float().exp())
@@ -226,6 +227,10 @@ class OpenClipTextTower(TextTower):
         except ImportError as e:
             raise VitdeployError(f"{folder}: open_clip needs {_first_line(e)}: {INSTALL}") from None
         except Exception as e:  # noqa: BLE001 - open_clip raises RuntimeError/ValueError/KeyError on what it cannot build
+            text = [k for k in re.findall(r'"([^"]+)"', str(e)) if not k.startswith("visual.")]
+            if "Missing key" in str(e) and text:  # load_state_dict(strict=True): the weights lack the text tower
+                raise UsageError(f"{folder}: the weights lack the text tower ({', '.join(text[:3])}); --classes needs "
+                                 "both towers: save the whole model with save_for_hf") from None
             raise VitdeployError(f"{folder}: open_clip cannot load the model ({_first_line(e)})") from None
         self.model = model.eval()
         self.source = "open_clip"
