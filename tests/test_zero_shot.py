@@ -233,7 +233,7 @@ def test_photos_through_vitdeploys_preprocessing_answer_as_the_library(
     rel, dpix = rel_err(got, ref), float(np.abs(ours - theirs).max())
     print(f"{name}: vitdeploy preprocessing vs the library's processor: pixels max |Δ| {dpix:.2e}, logits max rel {rel:.2e}")
     assert (got.argmax(1) == ref.argmax(1)).all()
-    assert rel <= 2e-2
+    assert rel <= 2e-3  # measured 2.3e-04 at most (transformers CLIP): one uint8 level of a resized pixel, amplified
 
 
 TOWERS = {"clip_vision": "image_embeds", "siglip_vision": "pooler_output", "open_clip": "encode_image"}
