@@ -157,6 +157,33 @@ def test_trt8_pins_softmax_to_float32_and_strongly_typed_targets_keep_float16() 
     assert not np.array_equal(pinned, typed.astype(np.float32))
 
 
+def test_the_l2_normalisation_torch_exports_runs_as_onnxruntime_runs_it(tmp_path: Path) -> None:
+    """F.normalize as torch exports it (ReduceL2 → Clip(min=eps) → Expand → Div: a zero-shot classifier's and an
+    --normalize embedding's image side): the float32 oracle gives ONNX Runtime's answer, a zero row stays 0, and in
+    float16 the norm is computed in float32 (TensorRT pins reductions on 8.x; the oracle widens them on every line)."""
+    import onnxruntime as ort
+    import torch
+    import torch.nn.functional as F
+
+    class Norm(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.normalize(x, dim=-1)
+
+    torch.onnx.export(Norm(), (torch.ones(2, 5),), str(tmp_path / "n.onnx"), dynamo=False, opset_version=17,
+                      input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "b"}, "y": {0: "b"}})
+    model = onnx.load(str(tmp_path / "n.onnx"))
+    assert {"ReduceL2", "Clip"} <= {n.op_type for n in model.graph.node}
+    x = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32) * np.float32(30)
+    x[2] = 0.0
+    ref = ort.InferenceSession(str(tmp_path / "n.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = _run(model, {"x": x})
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
+    assert not got[2].any() and np.allclose(np.linalg.norm(got[[0, 1, 3]], axis=1), 1.0, atol=1e-6)
+    h = _fp16_graph(helper.make_node("ReduceL2", ["x"], ["y"], axes=[-1], keepdims=1), 4)
+    big = np.array([[300.0, 300.0, 300.0, 300.0]], np.float16)  # the sum of squares (360000) overflows float16
+    assert _run(h, {"x": big})[0, 0] == np.float16(600.0)
+
+
 def test_a_graph_with_an_op_it_cannot_run_is_one_line() -> None:
     node = helper.make_node("Frobnicate", ["x"], ["y"], domain="custom")
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],

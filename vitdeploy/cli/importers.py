@@ -1,13 +1,14 @@
-"""`vitdeploy import`: a Hugging Face ViT folder or a timm state dict → a self-describing vitdeploy checkpoint."""
+"""`vitdeploy import`: a Hugging Face ViT folder, an open_clip checkpoint or a timm state dict → a self-describing vitdeploy
+checkpoint; with --classes, a CLIP/SigLIP pair → a zero-shot classifier of those classes."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
-from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step
+from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step, text_column
 
 
 @app.command("import")
@@ -20,31 +21,80 @@ def import_(
     image_size: Optional[str] = typer.Option(
         None, "--image-size", help="Deploy at this input size, H or HxW (a multiple of the patch size): absolute position "
         "embeddings resampled as timm does (bicubic, antialias), RoPE tables recomputed."),
+    classes: Optional[Path] = typer.Option(
+        None, "--classes", help="Class names, one per line: make a zero-shot classifier of a CLIP/SigLIP pair (a "
+        "transformers CLIPModel/SiglipModel folder with its tokenizer, or an open_clip checkpoint); the text tower runs "
+        "once here and becomes the classifier head."),
+    templates: Optional[str] = typer.Option(
+        None, "--templates", help="With --classes: the prompts each class name is put in: openai (open_clip's 80 "
+        "ImageNet templates, the default), simple (its 7), or a file of templates, one per line, each with {} for the "
+        "class name."),
 ) -> None:
     """Convert a ViT trained elsewhere into a vitdeploy checkpoint (labels, preprocessing and architecture inside).
 
     Every command takes a Hugging Face folder directly, and export and train --init take a timm state dict with
-    --arch; convert once here so verify, infer, benchmark and the rest take it as a plain checkpoint.
+    --arch; convert once here so verify, infer, benchmark and the rest take it as a plain checkpoint. With --classes,
+    a CLIP or SigLIP pair becomes a zero-shot classifier of those classes, deployable as any classifier.
     """
+    from vitdeploy.core.errors import UsageError
     from vitdeploy.core.fileio import check_output
 
-    check_output(out, [source, labels])  # over its own source, a checkpoint would lose its training state
+    if templates is not None and classes is None:
+        raise UsageError("--templates shapes the prompts of --classes: give the class names with --classes FILE")
+    if classes is not None and (arch or labels is not None):
+        raise UsageError(f"--classes names the classes of a zero-shot classifier of an image-text pair: drop "
+                         f"{'--arch' if arch else '--labels'}")
+    inputs = [source, labels, classes]
+    if templates is not None and templates not in ("openai", "simple"):
+        inputs.append(Path(templates))
+    check_output(out, inputs)  # over its own source, a checkpoint would lose its training state
     size = None
     if image_size is not None:
         from vitdeploy.core.image_size import parse_image_size
 
         size = parse_image_size(image_size)
+    request = None
+    if classes is not None:
+        from vitdeploy.model.zero_shot import DEFAULT_TEMPLATES, ZeroShotRequest, check_zero_shot
+
+        request = ZeroShotRequest(classes, templates or DEFAULT_TEMPLATES)
+        check_zero_shot(source, request)  # the class names, a template file, the folder: refused before torch
     from vitdeploy.model.importers import import_checkpoint  # torch: after the output is known to be usable
 
-    err_console.print(f"importing {source}: reading the weights and building the model (seconds for ViT-B)…", highlight=False,
-                      soft_wrap=True)
-    path, m = import_checkpoint(source, out, arch=arch, labels=labels, image_size=size)
+    if request is None:
+        err_console.print(f"importing {source}: reading the weights and building the model (seconds for ViT-B)…",
+                          highlight=False, soft_wrap=True)
+        path, m = import_checkpoint(source, out, arch=arch, labels=labels, image_size=size)
+    else:
+        path, m = _import_zero_shot(source, out, arch, labels, size, request)
     pp = m.pp()
     h, w = pp.input_size
+    from vitdeploy.core.task import task_of
+
     console.print(
         f"wrote {path}: {m.name}, {m.model['depth']} blocks × {m.model['embed_dim']}, patch {m.model['patch_size']}, "
-        f"{m.num_classes} classes; input {h}x{w} ({pp.resize_mode}, crop {pp.crop_pct:g}, {pp.interpolation}, "
+        f"{task_of(m).describe()}; input {h}x{w} ({pp.resize_mode}, crop {pp.crop_pct:g}, {pp.interpolation}, "
         f"mean {list(pp.mean)}, std {list(pp.std)})",
         highlight=False,
     )
     next_step(f"vitdeploy export {path} -i IMAGES", f"vitdeploy bundle {path} -t jetpack6.1 -i IMAGES")
+
+
+def _import_zero_shot(source: Path, out: Path, arch: Optional[str], labels: Optional[Path],
+                      size: Optional[tuple[int, int]], request: Any) -> tuple[Path, Any]:
+    """import --classes: the pair's text tower, with a progress bar over the classes."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from vitdeploy.model.importers import import_checkpoint
+
+    err_console.print(f"importing {source}: the image tower, then the text tower on the class names of {request.classes}…",
+                      highlight=False, soft_wrap=True)
+    with Progress(text_column("text tower", "bold"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
+        task = prog.add_task("classes", total=None)
+
+        def on_classes(done: int, total: int) -> None:
+            prog.update(task, total=total, completed=done)
+
+        return import_checkpoint(source, out, arch=arch, labels=labels, image_size=size, zero_shot=request,
+                                 progress=on_classes)

@@ -20,6 +20,7 @@ labels.txt carry them exactly) and escapes them wherever they are shown; it refu
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Iterable
 
@@ -69,3 +70,17 @@ def csv_cell(value: object) -> object:
 def strip_bom(text: str) -> str:
     """Text without a leading byte-order mark (U+FEFF), as a label file saved by Notepad starts."""
     return text[1:] if text.startswith("\ufeff") else text
+
+
+# What one line of labels.txt (run.py, Triton, the C++ example) cannot hold in a label: every character
+# str.splitlines() breaks on (\n \r \v \f \x1c-\x1e \x85 \u2028 \u2029) and the other C0/C1 controls (terminal escapes).
+NOT_IN_A_LABEL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def label_problem(label: str) -> str | None:
+    """Why ``label`` cannot be one line of labels.txt (the offending character, escaped), or None when it can: one
+    rule for the bundle's labels.txt and for the class names a zero-shot classifier is made from."""
+    bad = NOT_IN_A_LABEL.search(label)
+    if bad is None:
+        return None
+    return f"holds {bad.group().encode('unicode_escape').decode('ascii')} (a line break or control character)"

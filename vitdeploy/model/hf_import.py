@@ -13,6 +13,13 @@ What each ``*ForImageClassification`` computes after the encoder (transformers 5
 - BEiT / data2vec-vision with ``use_mean_pooling``: no final norm; LayerNorm of the mean of the patch tokens.
 - SigLIP: no class token; ``post_layernorm`` over all tokens, then their mean.
 - CLIP: ``pre_layrnorm`` before the blocks; the mean of the patch tokens of the un-normed last hidden state.
+
+What the towers without a classifier answer (their ``pooler_output`` / ``image_embeds``, an embedding model's vector):
+- CLIP (``CLIPVisionModel``, ``CLIPVisionModelWithProjection``, the image side of ``CLIPModel``): ``post_layernorm`` of
+  the class token, then ``visual_projection`` where there is one (``get_image_features``).
+- SigLIP (``SiglipVisionModel``, the image side of ``SiglipModel``): ``post_layernorm`` over every token, then the
+  attention-pooling head (``SiglipMultiheadAttentionPoolingHead``: timm's MAP, ``attn_pool``).
+The text side of an image–text pair is not the image tower's: it is left out here (model/zero_shot.py reads it).
 """
 
 from __future__ import annotations
@@ -86,6 +93,73 @@ _ACTS = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_
          "silu": "silu", "swish": "silu"}
 
 
+# The text side of an image–text pair (CLIPModel, SiglipModel): the zero-shot importer's (model/zero_shot.py).
+PAIR_TEXT = re.compile(r"^(text_model\.|text_projection\.|logit_scale$|logit_bias$)")
+# SigLIP's attention-pooling head (transformers' SiglipMultiheadAttentionPoolingHead) → timm's attn_pool; its
+# nn.MultiheadAttention's packed in_proj is split into the q and kv projections (clip_siglip_tower).
+_MAP_HEAD = {
+    "probe": "latent",
+    "attention.out_proj.weight": "proj.weight", "attention.out_proj.bias": "proj.bias",
+    "layernorm.weight": "norm.weight", "layernorm.bias": "norm.bias",
+    "mlp.fc1.weight": "mlp.fc1.weight", "mlp.fc1.bias": "mlp.fc1.bias",
+    "mlp.fc2.weight": "mlp.fc2.weight", "mlp.fc2.bias": "mlp.fc2.bias",
+}
+
+
+def clip_siglip_tower(sd: dict[str, torch.Tensor], where: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """An image–text pair's or vision tower's state dict without its text side, and the tensors of what CLIP and
+    SigLIP towers answer after the blocks, timm-named: CLIP's ``visual_projection`` (→ ``proj``) and, in a model
+    without a classifier, SigLIP's attention-pooling head (→ ``attn_pool``; SiglipForImageClassification averages the
+    tokens instead, so its head stays unused)."""
+    rest: dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {}
+    head: dict[str, torch.Tensor] = {}
+    classifier = "classifier.weight" in sd
+    for key, v in sd.items():
+        if PAIR_TEXT.match(key):
+            continue
+        if key == "visual_projection.weight":
+            out["proj.weight"] = v
+            continue
+        k = _strip(key)
+        if k.startswith("head.") and not classifier:
+            head[k[len("head."):]] = v
+            continue
+        rest[key] = v
+    if head:
+        packed = ("attention.in_proj_weight", "attention.in_proj_bias")
+        unexpected = sorted(set(head) - set(_MAP_HEAD) - set(packed))
+        missing = sorted((set(_MAP_HEAD) | set(packed)) - set(head))
+        if unexpected or missing:
+            what = f"unexpected head.{unexpected[0]}" if unexpected else f"no head.{missing[0]}"
+            raise VitdeployError(f"{where}: an attention-pooling head that is not SigLIP's ({what})")
+        w, b = head.pop(packed[0]), head.pop(packed[1])
+        d = int(w.shape[1])
+        out.update({f"attn_pool.{_MAP_HEAD[n]}": t for n, t in head.items()})
+        out["attn_pool.latent"] = out["attn_pool.latent"].reshape(1, 1, d)
+        out["attn_pool.q.weight"], out["attn_pool.kv.weight"] = w[:d], w[d:]
+        out["attn_pool.q.bias"], out["attn_pool.kv.bias"] = b[:d], b[d:]
+    return rest, out
+
+
+def _clip_siglip_pooling(fields: dict[str, Any], st: dict[str, torch.Tensor], where: str) -> bool:
+    """The pooling of a CLIP or SigLIP tower without a classifier (its pooler_output, then CLIP's projection), set in
+    ``fields``; False for any other model (the classifiers' poolings are hf_architecture's)."""
+    if fields["num_classes"]:
+        return False
+    if "proj.weight" in st:
+        fields.update(proj_dim=int(st["proj.weight"].shape[0]), proj_bias=False)
+    if "attn_pool.latent" in st:  # SigLIP: post_layernorm over every token, then the MAP head
+        fields.update(global_pool="map")
+        return True
+    if fields["class_token"] and fields["pre_norm"]:  # CLIP: post_layernorm of the class token (pooler_output)
+        fields.update(global_pool="token")
+        return True
+    if "proj.weight" in st:
+        raise VitdeployError(f"{where}: a visual_projection on a tower that is not CLIP's (no class token or pre-norm)")
+    return False
+
+
 def _strip(k: str) -> str:
     for p in _PREFIXES:
         if k.startswith(p):
@@ -148,7 +222,9 @@ def hf_architecture(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], where
     if int(vc.get("num_channels", 3)) != 3:
         raise VitdeployError(f"{where}: num_channels {vc.get('num_channels')}; vitdeploy reads RGB images (3 channels)")
     archs = ", ".join(cfg_json.get("architectures") or []) or "a model"
+    sd, towers = clip_siglip_tower(sd, where)
     st = rename(sd, where, archs)
+    st.update(towers)
     if "patch_embed.proj.weight" not in st:
         raise VitdeployError(f"{where}: no patch embedding among the tensors: not a Hugging Face ViT-family checkpoint")
     depth = 1 + max((int(k.split(".")[1]) for k in st if k.startswith("blocks.")), default=-1)
@@ -228,7 +304,9 @@ def hf_architecture(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], where
         "pre_norm": "norm_pre.weight" in st,
         "init_values": 1.0 if has_ls else None,
     }
-    if head_in == 2 * dim:
+    if _clip_siglip_pooling(fields, st, where):
+        pass
+    elif head_in == 2 * dim:
         fields["global_pool"] = "token_avg"
     elif "fc_norm.weight" in st:  # BEiT's use_mean_pooling: LayerNorm of the mean of the patch tokens
         fields.update(global_pool="avg", fc_norm=True)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from vitdeploy.core.artifact import read_manifest
-from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.loaded import SourceReads
 from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest
 from vitdeploy.model.checkpoint import (
@@ -28,7 +29,7 @@ from vitdeploy.model.checkpoint import (
     _from_object,
     describe_foreign,
 )
-from vitdeploy.model.sources import HF_CONFIG, check_source
+from vitdeploy.model.sources import HF_CONFIG, check_source, is_open_clip_folder
 from vitdeploy.model.timm_import import load_timm, load_timm_folder
 from vitdeploy.model.vit import ViTConfig
 from vitdeploy.model.weights import (  # noqa: F401  (re-exported: callers import them from here)
@@ -43,7 +44,11 @@ from vitdeploy.model.weights import (  # noqa: F401  (re-exported: callers impor
     torch_load,
 )
 
+if TYPE_CHECKING:
+    from vitdeploy.model.zero_shot import ZeroShotRequest
+
 HF_PREPROCESSOR = "preprocessor_config.json"
+HF_PROCESSOR = "processor_config.json"  # a multi-part processor (CLIPProcessor): the image processor's part inside
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 # PIL's resample integers, as transformers stores them in preprocessor_config.json.
@@ -82,14 +87,25 @@ def _hf_state_dict(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
 
 
 def _hf_preprocess(folder: Path, image_size: tuple[int, int]) -> dict[str, Any]:
-    """The image processor's config as a vitdeploy Preprocess dict (ViTImageProcessor: squash-resize)."""
+    """The image processor's config as a vitdeploy Preprocess dict (ViTImageProcessor: squash-resize).
+
+    Read from preprocessor_config.json, or, where a processor of several parts was saved (transformers 5's
+    ``CLIPProcessor.save_pretrained`` writes no preprocessor_config.json), from processor_config.json's
+    ``image_processor``."""
     f = folder / HF_PREPROCESSOR
     pc: dict[str, Any] = {}
+    if not f.is_file() and (folder / HF_PROCESSOR).is_file():
+        f = folder / HF_PROCESSOR
     if f.is_file():
         try:
             pc = json.loads(f.read_text())
         except json.JSONDecodeError as e:
             raise VitdeployError(f"{f}: not valid JSON ({e})") from None
+        if f.name == HF_PROCESSOR:
+            part = pc.get("image_processor") if isinstance(pc, dict) else None
+            if not isinstance(part, dict):
+                raise VitdeployError(f"{f}: no image_processor entry (the image processor's settings)")
+            pc = part
     h, w = image_size
     size = pc.get("size", {"height": h, "width": w})
     if isinstance(size, int):
@@ -213,6 +229,8 @@ def import_checkpoint(
     arch: str | None = None,
     labels: str | Path | None = None,
     image_size: tuple[int, int] | None = None,
+    zero_shot: ZeroShotRequest | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Path, Manifest]:
     """Write any checkpoint load_any reads as a self-describing vitdeploy checkpoint; its path and manifest
     (so the caller need not read back what was just written).
@@ -220,12 +238,24 @@ def import_checkpoint(
     ``image_size`` (H, W): deploy at that input size; absolute position embeddings are resampled as timm does
     (model/pos_embed.py), RoPE tables recomputed, the preprocessing's input size follows.
 
+    ``zero_shot`` (class names, templates): ``source`` is an image–text pair and the checkpoint a zero-shot
+    classifier of those classes (model/zero_shot.py); ``progress(done, total)`` follows its text tower, per class.
+
     After this, every command takes it without --arch/--labels (verify, infer, benchmark, explain …).
     """
     from vitdeploy.model.checkpoint import save_checkpoint
 
     with SourceReads("import") as reads:
-        ck = load_any(source, arch=arch, labels=labels)
+        if zero_shot is not None:
+            from vitdeploy.model.zero_shot import plan_zero_shot, zero_shot_classifier
+
+            if arch or labels is not None:
+                raise UsageError("--classes names the classes of a zero-shot classifier of an image-text pair: drop "
+                                 f"{'--arch' if arch else '--labels'}")
+            plan = plan_zero_shot(source, zero_shot)  # the class names, templates and folder: before any weights
+            ck = zero_shot_classifier(load_any(plan.folder), plan, progress)
+        else:
+            ck = load_any(source, arch=arch, labels=labels)
         if image_size is not None:
             from vitdeploy.model.pos_embed import resize_checkpoint
 
@@ -247,6 +277,13 @@ def load_any(path: str | Path, arch: str | None = None, labels: str | Path | Non
     ``labels`` names a file of class names, one per line, replacing the source's.
     """
     p = check_source(path, arch)  # what needs no torch (model/sources.py): a plain folder, a missing or non-zip file …
+    if is_open_clip_folder(p):  # an image-text pair's image tower, as an embedding model (--classes: model/zero_shot.py)
+        from vitdeploy.model.open_clip_import import load_open_clip_folder
+
+        if labels is not None:
+            raise UsageError(f"--labels {labels}: {p} is an open_clip embedding model without classes; "
+                             "make a classifier from class names with `vitdeploy import --classes FILE`")
+        return load_open_clip_folder(p)
     if p.is_dir():
         return load_hf_folder(p, labels)
     if p.suffix == ".safetensors":

@@ -14,6 +14,8 @@ from pathlib import Path
 from vitdeploy.core.errors import UsageError, VitdeployError
 
 HF_CONFIG = "config.json"
+# open_clip's save_for_hf (open_clip/constants.py HF_CONFIG_NAME): model_cfg + preprocess_cfg beside the weights
+OPEN_CLIP_CONFIG = "open_clip_config.json"
 
 # torch.save's legacy (pre-1.6, non-zip) format opens with this number pickled: torch/serialization.py MAGIC_NUMBER
 LEGACY_TORCH_MAGIC = 0x1950A86A20F9469CFC6C
@@ -23,6 +25,12 @@ LEGACY_MESSAGE = "a legacy torch.save file: re-save it with torch>=1.6's zip for
 def is_hf_folder(path: str | Path) -> bool:
     p = Path(path)
     return p.is_dir() and (p / HF_CONFIG).is_file()
+
+
+def is_open_clip_folder(path: str | Path) -> bool:
+    """A folder open_clip's save_for_hf wrote (and no transformers/timm config.json beside it)."""
+    p = Path(path)
+    return p.is_dir() and (p / OPEN_CLIP_CONFIG).is_file() and not (p / HF_CONFIG).is_file()
 
 
 def _read_head(path: str | Path) -> bytes:
@@ -66,16 +74,17 @@ def check_source(path: str | Path, arch: str | None = None) -> Path:
     What is left for torch to judge: a Hugging Face folder's files, a .safetensors file, a zip file's contents.
     """
     p = Path(path)
-    if p.is_file() and p.name == HF_CONFIG:
+    if p.is_file() and p.name in (HF_CONFIG, OPEN_CLIP_CONFIG):
         p = p.parent
     if p.is_dir():
-        if not is_hf_folder(p):
+        if not is_hf_folder(p) and not is_open_clip_folder(p):
             raise VitdeployError(
                 f"{p} is a folder without config.json: pass a vitdeploy checkpoint file, a Hugging Face "
-                "save_pretrained folder, or a timm state dict with --arch"
+                "save_pretrained folder, an open_clip save_for_hf folder, or a timm state dict with --arch"
             )
         if arch:
-            raise UsageError(f"--arch {arch}: a Hugging Face folder describes its architecture in config.json; drop --arch")
+            raise UsageError(f"--arch {arch}: a Hugging Face or open_clip folder describes its architecture in its "
+                             "config; drop --arch")
         return p
     if not p.exists():
         raise VitdeployError(f"{p}: no such checkpoint; train one with `vitdeploy train` or pass its path")

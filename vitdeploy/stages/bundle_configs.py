@@ -13,6 +13,7 @@ from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.core.manifest import Manifest
 from vitdeploy.core.task import task_of
+from vitdeploy.core.text import label_problem
 
 TEMPLATES = Path(__file__).with_name("bundle_files")
 DS_NETWORK_MODE = {"fp32": 0, "int8": 1, "fp16": 2}
@@ -48,20 +49,14 @@ def triton_name(name: str) -> str:
     return s or "vit"
 
 
-# what labels.txt (one label per line: run.py, Triton, the C++ example) cannot hold in a label: every character
-# str.splitlines() breaks on (\n \r \v \f \x1c-\x1e \x85 \u2028 \u2029) and the other C0/C1 controls (terminal escapes)
-_NOT_IN_A_LABEL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
-
-
 def labels_file(labels: Sequence[str]) -> str:
     """labels.txt: one label per line. A label holding a line break or a control character is refused, named with
     it escaped: read by '\\n' it would be one label, by str.splitlines() several, and on a terminal an escape."""
     for i, lab in enumerate(labels):
-        bad = _NOT_IN_A_LABEL.search(lab)
+        bad = label_problem(lab)
         if bad:
             shown = lab.encode("unicode_escape").decode("ascii")
-            raise VitdeployError(f"label {i} '{shown}' holds {bad.group().encode('unicode_escape').decode('ascii')} (a "
-                                 "line break or control character); labels.txt holds one plain label per line: rename "
+            raise VitdeployError(f"label {i} '{shown}' {bad}; labels.txt holds one plain label per line: rename "
                                  "that class in the model's labels and make the bundle again")
     return "".join(f"{lab}\n" for lab in labels)
 

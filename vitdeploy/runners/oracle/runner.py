@@ -315,6 +315,23 @@ def _flatten(node: Any, v: list[np.ndarray], at: dict[str, Any]) -> list[np.ndar
     return [v[0].reshape(int(np.prod(v[0].shape[:ax])), -1)]
 
 
+def _clip(node: Any, v: list[np.ndarray], at: dict[str, Any]) -> list[np.ndarray]:
+    """min(max(x, lo), hi): the bounds as inputs (opset 11+, each optional) or attributes; a selection, exact in any
+    type (F.normalize's clamp of the norm)."""
+    x = v[0]
+    lo = v[1] if len(v) > 1 and v[1] is not None else at.get("min")
+    hi = v[2] if len(v) > 2 and v[2] is not None else at.get("max")
+    if lo is not None:
+        x = np.maximum(x, np.asarray(lo, x.dtype))
+    if hi is not None:
+        x = np.minimum(x, np.asarray(hi, x.dtype))
+    return [x]
+
+
+def _l2(x: np.ndarray, axis: tuple[int, ...] | None, keepdims: bool) -> np.ndarray:
+    return np.sqrt(np.sum(np.square(x), axis=axis, keepdims=keepdims))
+
+
 def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[[Any, list[np.ndarray], dict[str, Any]], list[np.ndarray]]:
     return lambda node, v, at: [fn(v[0], v[1])]
 
@@ -337,7 +354,7 @@ OPS: dict[str, Callable[[Any, list[np.ndarray], dict[str, Any]], list[np.ndarray
     "QuantizeLinear": _quantize, "DequantizeLinear": _dequantize,
     "Softmax": _softmax, "LayerNormalization": _layernorm,
     "ReduceMean": _reduce(np.mean), "ReduceSum": _reduce(np.sum), "ReduceMax": _reduce(np.max),
-    "ReduceMin": _reduce(np.min),
+    "ReduceMin": _reduce(np.min), "ReduceL2": _reduce(_l2), "Clip": _clip,
     "Reshape": _reshape, "Transpose": lambda n, v, at: [np.transpose(v[0], at.get("perm"))],
     "Concat": lambda n, v, at: [np.concatenate(v, axis=int(at["axis"]))],
     "Gather": _gather, "Slice": _slice, "Split": _split, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze,
@@ -352,7 +369,7 @@ _TYPE_OPS = {"Cast", "QuantizeLinear", "DequantizeLinear", "MatMulInteger", "Con
 # ops that widen every float input to float32 themselves: a float16 node of these gets its inputs widened by the
 # faster ``widen`` (the same values)
 _WIDE_OPS = {"MatMul", "Gemm", "Conv", "Pow", "Softmax", "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax",
-             "ReduceMin", "Sqrt", "Exp", "Tanh", "Log", "Reciprocal", "Sigmoid"}
+             "ReduceMin", "ReduceL2", "Sqrt", "Exp", "Tanh", "Log", "Reciprocal", "Sigmoid"}
 # float16 elementwise ops numpy computes in float32 from the exact widening and rounds once (24 ≥ 2·11 + 2 bits: the
 # double rounding is exact), one element at a time: computed on widened arrays instead, the same bits
 _HALF_OPS = {"Add", "Sub", "Mul", "Div"}
