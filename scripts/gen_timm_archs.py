@@ -174,7 +174,16 @@ def table() -> dict[str, Any]:
     defaults = {n: {k: jsonable(v) for k, v in _class_defaults(cls).items() if k not in RUNTIME_ARGS}
                 for n, cls in classes.items()}
     return {"timm_version": timm.__version__, "generated_by": "scripts/gen_timm_archs.py", "families": FAMILIES,
-            "class_defaults": defaults, "archs": archs}
+            "label_sets": label_sets(), "class_defaults": defaults, "archs": archs}
+
+
+def label_sets() -> dict[str, str]:
+    """The class counts timm knows as labelled sets (timm/data/imagenet_info.py: 1000 → imagenet-1k, 11821 →
+    imagenet-12k, …): a head of one of these widths classifies. vitdeploy reads it to tell a classifier from a CLIP
+    tower's projection, which timm also holds as its ``head`` (model/timm_import.py ``projection_head``)."""
+    from timm.data import imagenet_info
+
+    return {str(n): str(s) for n, s in sorted(imagenet_info._NUM_CLASSES_TO_SUBSET.items())}
 
 
 def dumps(t: dict[str, Any]) -> str:

@@ -84,6 +84,10 @@ def test_bad_knob_values_are_named(kw: dict, word: str) -> None:
         {"global_pool": "map", "class_token": False, "mlp": "swiglu"},
         {"global_pool": "token_avg", "fc_norm": True},
         {"global_pool": "avg", "final_norm": False, "qkv_bias": False, "mlp": "swiglu", "mlp_norm": True},
+        # PE-core: a pre-norm, an attention pool with its own heads and MLP width over every token, a projection
+        {"global_pool": "map", "pre_norm": True, "pool_include_prefix": True, "pool_heads": 4, "pool_mlp_dim": 48,
+         "proj_dim": 24, "proj_bias": True},
+        {"embed_pool": "cls+mean", "proj_dim": 16},
     ],
 )
 def test_count_params_equals_the_built_model(kw: dict) -> None:

@@ -25,6 +25,12 @@ def logit_limit(rtol: float, ref_max_abs_logit: float) -> float:
     return rtol * max(1.0, ref_max_abs_logit)
 
 
+def embedding_limit(rtol: float, ref_max_abs: float) -> float:
+    """The largest |Δ| allowed in an embedding: rtol × max |reference value|, with no floor at 1 (an embedding's scale
+    is its own: a unit vector's values are far below 1, where a floor would allow a 100% error)."""
+    return rtol * ref_max_abs
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     """Probabilities over the last axis, in float64 (shifted by the row maximum, so large logits do not overflow)."""
     z = np.asarray(logits, dtype=np.float64)

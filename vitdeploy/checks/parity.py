@@ -3,6 +3,10 @@
 Separate from the export (as Optimum separates ``export`` from ``validate_model_outputs``):
 ``check_parity`` measures and returns the figures, ``validate_parity`` raises ParityError
 when they miss the tolerance. The figures come from the one comparator (checks.metrics).
+
+The judgement is the task's (core/task.py): a classifier passes when max |Δlogit| ≤ rtol × max(1, max |logit|) and
+every top-1 agrees; an embedding model when max |Δ| ≤ rtol × max |reference value| (no floor at 1, no argmax: the
+argmax of an embedding means nothing), its per-image cosine reported beside it.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vitdeploy.checks.metrics import compare, nonfinite_note
+from vitdeploy.checks.metrics import compare, compare_embeddings, embedding_limit, nonfinite_note
 from vitdeploy.core.errors import ParityError, VitdeployError
 from vitdeploy.core.manifest import Manifest
 
@@ -27,7 +31,8 @@ PARITY_RTOL = 1e-4
 
 @dataclass
 class BatchParity:
-    """ONNX Runtime against PyTorch on one batch."""
+    """ONNX Runtime against PyTorch on one batch. ``max_abs_logit``: the reference's largest |value| (a logit, or an
+    embedding's value); ``min_cosine``: for an embedding model, the lowest per-image cosine (None for a classifier)."""
 
     batch_size: int
     max_abs_diff: float
@@ -35,14 +40,27 @@ class BatchParity:
     tolerance: float
     top1_mismatches: int
     nonfinite: int = 0  # images whose ONNX logits hold NaN or Inf (metrics.compare)
+    embedding: bool = False  # judged as an embedding model: relative |Δ| only, no top-1
+    min_cosine: float | None = None
 
     @property
     def passed(self) -> bool:
+        if self.embedding:
+            return self.max_abs_diff <= self.tolerance and not self.nonfinite
         return self.max_abs_diff <= self.tolerance and self.top1_mismatches == 0 and not self.nonfinite
+
+    @property
+    def max_rel_diff(self) -> float:
+        """max |Δ| over the reference's largest |value|."""
+        return self.max_abs_diff / max(self.max_abs_logit, 1e-30)
 
     def describe(self) -> str:
         if self.nonfinite:
             return f"batch {self.batch_size}: {nonfinite_note(self.nonfinite, self.batch_size, 'the ONNX model')}"
+        if self.embedding:
+            s = f"batch {self.batch_size}: max |Δ| {self.max_abs_diff:.2e} (limit {self.tolerance:.2e}"
+            s += f" = {PARITY_RTOL:g} × max |embedding| {self.max_abs_logit:.3g})"
+            return s + (f", min cosine {self.min_cosine:.6f}" if self.min_cosine is not None else "")
         s = f"batch {self.batch_size}: max |Δlogit| {self.max_abs_diff:.2e} (limit {self.tolerance:.2e}"
         s += f" = {PARITY_RTOL:g} × max(1, {self.max_abs_logit:.3g}))"
         if self.top1_mismatches:
@@ -50,7 +68,7 @@ class BatchParity:
         return s
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "batch_size": self.batch_size,
             "max_abs_diff": self.max_abs_diff,
             "max_abs_logit": self.max_abs_logit,
@@ -58,6 +76,10 @@ class BatchParity:
             "top1_mismatches": self.top1_mismatches,
             "passed": self.passed,
         }
+        if self.embedding:  # an embedding's figures: no top-1, the relative |Δ| and the per-image cosine
+            del d["top1_mismatches"]
+            d.update(task="embedding", max_rel_diff=self.max_rel_diff, min_cosine=self.min_cosine)
+        return d
 
 
 @dataclass
@@ -144,18 +166,21 @@ def check_parity(
     """ONNX Runtime (CPU) against PyTorch on the same inputs, one ONNX Runtime run per batch size.
 
     ``checkpoint_or_model``: a checkpoint path (anything load_any reads), a Checkpoint,
-    or an eval-mode VisionTransformer. A batch passes when max |Δlogit| ≤ rtol × max(1,
-    max |logit|) and every top-1 agrees. The batches are the first 1, 7, 32 of the same
+    or an eval-mode VisionTransformer. A classifier's batch passes when max |Δlogit| ≤ rtol × max(1,
+    max |logit|) and every top-1 agrees; an embedding model's (the ONNX manifest's task) when max |Δ| ≤ rtol ×
+    max |reference value|, its minimum per-image cosine reported. The batches are the first 1, 7, 32 of the same
     32 inputs, so PyTorch runs once over 32 (on 2 cores the reference pass costs as much
     as the ONNX Runtime runs: 40 distinct images would add a fifth to the export).
     """
     import torch
 
     from vitdeploy.checks.compare import run_arrays
+    from vitdeploy.core.task import task_of
     from vitdeploy.runners.onnxruntime import OnnxRuntimeRunner
 
     model = _torch_model(checkpoint_or_model, arch, labels)
     runner = OnnxRuntimeRunner(onnx_path)
+    embedding = task_of(runner.manifest).is_embedding
     count = int(max(batch_sizes))
     x, distinct, source, notes, skipped = _parity_inputs(runner.manifest, images, count)
     with torch.inference_mode():
@@ -167,14 +192,17 @@ def check_parity(
         if got.shape != ref.shape:
             raise VitdeployError(f"{onnx_path}: batch {bs} gives logits of shape {list(got.shape)}, PyTorch {list(ref.shape)}")
         c = compare(ref, got)
+        e = compare_embeddings(ref, got) if embedding else None
         results.append(
             BatchParity(
                 batch_size=int(bs),
                 max_abs_diff=c.max_abs_diff,
                 max_abs_logit=c.max_abs_reference,
-                tolerance=c.limit(rtol),
-                top1_mismatches=c.mismatches,
+                tolerance=embedding_limit(rtol, c.max_abs_reference) if embedding else c.limit(rtol),
+                top1_mismatches=0 if embedding else c.mismatches,
                 nonfinite=c.nonfinite,
+                embedding=embedding,
+                min_cosine=e.cosine_min if e is not None else None,
             )
         )
     runner.close()

@@ -115,6 +115,10 @@ def features(cfg: dict[str, Any]) -> list[str]:
         out.append("no final LayerNorm")
     out.append({"token": "class-token head", "avg": "mean-pool head", "token_avg": "class token + patch mean head",
                 "map": "attention-pooling (MAP) head"}[pool])
+    if pool == "map" and _get(cfg, "pool_heads", 0):
+        out.append(f"attention pool with {cfg['pool_heads']} heads")
+    if _get(cfg, "proj_dim", 0):
+        out.append(f"projection to {cfg['proj_dim']}{' (with bias)' if _get(cfg, 'proj_bias', False) else ''}")
     fc = cfg.get("fc_norm")
     if fc or _get(cfg, "final_norm", "norm") == "fc_norm" or (fc is None and "global_pool" in cfg and pool == "avg"):
         out.append("LayerNorm after pooling (fc_norm)")
@@ -125,6 +129,8 @@ def family(cfg: dict[str, Any]) -> str:
     """The family a config belongs to, named by its defining features (the names users know them by)."""
     lay = token_layout(cfg)
     act, mlp, pool = _get(cfg, "act", "gelu"), str(_get(cfg, "mlp", "plain")), pooling(cfg)
+    if _get(cfg, "rope", "") and _get(cfg, "pre_norm", False) and pool == "map":
+        return "Perception Encoder (pre-norm, rotary position embedding, attention pool)"
     if _get(cfg, "rope", "") and mlp.startswith("swiglu"):
         return "EVA-02 (SwiGLU, rotary position embedding)"
     if _get(cfg, "rope", ""):

@@ -127,6 +127,10 @@ class ViTConfig:
     proj_bias: bool = False
     # L2-normalise the vector before the head (an embedding model's --normalize; a zero-shot classifier's image side).
     l2_norm: bool = False
+    # The attention-pooling (MAP) head's own heads and MLP width where they are not the blocks' (timm's Eva
+    # attn_pool_num_heads / attn_pool_mlp_ratio: PE-core's pool has 8 heads over a 3-head ViT-T); 0 / None: the blocks'.
+    pool_heads: int = 0
+    pool_mlp_dim: int | None = None
     # The old constructor keyword: pool "cls" | "mean" (LayerNorm before the pooling unless final_norm says fc_norm).
     pool: InitVar[str | None] = None
 
@@ -187,6 +191,10 @@ class ViTConfig:
             raise ValueError("a distilled ViT's embedding is the mean of its class and distillation tokens: no embed_pool")
         if self.proj_dim < 0:
             raise ValueError(f"proj_dim must be >= 0, not {self.proj_dim}")
+        if self.pool_heads < 0 or (self.pool_heads and self.embed_dim % self.pool_heads):
+            raise ValueError(f"pool_heads {self.pool_heads} must divide embed_dim {self.embed_dim} (0: the blocks' heads)")
+        if self.pool_mlp_dim is not None and self.pool_mlp_dim <= 0:
+            raise ValueError(f"pool_mlp_dim must be > 0 or None, not {self.pool_mlp_dim}")
         if self.mlp == "swiglu_packed" and self.hidden_dim % 2:
             raise ValueError(f"mlp 'swiglu_packed' splits fc1 in two halves: its width {self.hidden_dim} must be even")
 
@@ -359,9 +367,13 @@ def count_params(cfg: ViTConfig) -> int:
     per_block = 2 * ln + attn + mlp[cfg.mlp] + mlp_norm + (2 * d if cfg.init_values else 0)
     n += cfg.depth * per_block
     if cfg.global_pool == "map":  # latent, q, kv, proj, norm, its plain MLP
-        n += d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + ln + mlp["mlp"]
-    head_in = 2 * d if cfg.global_pool == "token_avg" else d
+        ph = cfg.pool_mlp_dim or h
+        n += d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + ln + (d * ph + ph + ph * d + d)
+    head_in = cfg.pooled_dim
     n += 2 * head_in if cfg.use_fc_norm else (ln if cfg.final_norm else 0)
+    if cfg.proj_dim:  # CLIP's visual projection; the head (if any) then reads its output
+        n += cfg.pooled_dim * cfg.proj_dim + (cfg.proj_dim if cfg.proj_bias else 0)
+        head_in = cfg.proj_dim
     if c > 0:
         n += (head_in * c + c) * (2 if cfg.distilled else 1)
     return n

@@ -15,8 +15,10 @@ How timm's choices land on the ViT:
 - ``swiglu_mlp``: GluMlp (packed fc1, SiLU gate first) unless ``scale_mlp`` asks for the normed SwiGLU
   (fc1_g, fc1_x, norm, fc2); ``scale_mlp`` on a plain MLP: LayerNorm before fc2 (timm's Mlp(norm_layer)).
 - ``init_values`` → LayerScale (``gamma_1``/``gamma_2`` renamed to ``ls1.gamma``/``ls2.gamma``).
-- pooling: ``global_pool`` 'avg' (patch tokens only) or 'token'; ``use_fc_norm`` None means "on for avg", and Eva's
+- pooling: ``global_pool`` 'avg' (patch tokens only), 'token', or Eva's 'map' (an attention pool over every token with
+  ``attn_pool_num_heads``/``attn_pool_mlp_ratio``: PE-core); ``use_fc_norm`` None means "on for avg", and Eva's
   ``use_post_transformer_norm`` None means "on unless fc_norm" (Beit: norm exactly when no fc_norm).
+- ``use_pre_transformer_norm`` (PE): a LayerNorm before the blocks and a patch embedding without bias → ``pre_norm``.
 """
 
 from __future__ import annotations
@@ -51,7 +53,6 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
         "num_kv_heads": (None, "grouped-query attention (num_kv_heads)"),
         "scale_attn_inner": (False, "a norm inside attention (scale_attn_inner)"),
         "use_post_norm": (False, "post-norm blocks (use_post_norm)"),
-        "use_pre_transformer_norm": (False, "a pre-norm without patch bias (use_pre_transformer_norm)"),
         "attn_only_layer_scale": (False, "layer scale on the attention branch only"),
         "swiglu_align_to": (0, "an aligned SwiGLU width (swiglu_align_to)"),
         "use_shared_rel_pos_bias": (False, "one shared relative position bias (use_shared_rel_pos_bias)"),
@@ -64,8 +65,8 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
     if attn_type not in ("eva", "rope"):
         raise _refuse(where, f"attn_type {attn_type!r}")
     pool = a.get("global_pool", "avg")
-    if pool not in ("avg", "token"):
-        raise _refuse(where, f"global_pool {pool!r} (vitdeploy maps 'avg' and 'token' for Eva/Beit)")
+    if pool not in ("avg", "token", "map") or (pool == "map" and cls != "Eva"):
+        raise _refuse(where, f"global_pool {pool!r} (vitdeploy maps 'avg', 'token' and Eva's 'map' for Eva/Beit)")
     fc_norm = a.get("use_fc_norm")
     fc_norm = pool == "avg" if fc_norm is None else bool(fc_norm)
     post = a.get("use_post_transformer_norm") if cls == "Eva" else None
@@ -92,6 +93,16 @@ def eva_beit_config(cls: str, args: dict[str, Any], where: str) -> ViTConfig:
     }
     if cls == "Eva" and init_values is not None and not init_values:
         raise _refuse(where, "layer scale initialised to 0 (init_values=0)")
+    if cls == "Eva" and a.get("use_pre_transformer_norm"):
+        ring1["pre_norm"] = True  # norm_pre after the position embeddings, a patch embedding without bias: CLIP's
+    if pool == "map":
+        # Eva's AttentionPoolLatent reads every token (class token included), with its own heads and MLP ratio and
+        # nn.GELU in its MLP (the blocks' Mlp has GELU too; a SwiGLU model's pool would not)
+        if mlp != "mlp":
+            raise _refuse(where, "an attention pool beside SwiGLU blocks (its MLP's GELU differs from theirs)")
+        pool_ratio = a.get("attn_pool_mlp_ratio") or a.get("mlp_ratio", 4.0)
+        ring1.update(pool_include_prefix=True, pool_heads=int(a.get("attn_pool_num_heads") or heads),
+                     pool_mlp_dim=int(dim * float(pool_ratio)))
     # EvaAttention and Beit's Attention: q/v biases, k fixed at zero; AttentionRope (attn_type 'rope'): a plain qkv bias
     qv = cls == "Beit" or attn_type == "eva"
     ring2: dict[str, Any] = {

@@ -144,6 +144,55 @@ def table_entry(name: str) -> dict[str, Any] | None:
     return entry
 
 
+# A projection maps the tower's width to a joint image-text width of the same order (CLIP-B: 768 → 512, PE-T:
+# 192 → 512); a head with more outputs than this many times the width classifies (Bamboo's 115217 classes on a ViT-B).
+PROJECTION_MAX_RATIO = 4
+
+
+def registered_num_classes(name: str, tag: str | None = None) -> int | None:
+    """The ``num_classes`` of timm's registered pretrained cfg for ``name`` and ``tag`` (the name's ``.tag``, else
+    ``tag``, else the default tag): the width of the head of the weights timm publishes under that name."""
+    base, _, name_tag = name.strip().partition(".")
+    entry = table_entry(base)
+    if entry is None:
+        return None
+    t = name_tag or tag or entry.get("default_tag")
+    n = {**entry.get("preprocess", {}), **entry.get("tags", {}).get(t, {})}.get("num_classes")
+    return int(n) if n is not None else None
+
+
+def projection_head(name: str, tag: str | None, head_out: int, embed_dim: int, labelled: bool) -> bool:
+    """Whether a timm model's ``head`` is its image tower's projection (CLIP's visual projection, PE's ``proj``, which
+    timm's checkpoint filters load as ``head``: vision_transformer.py ``_convert_openai_clip``, eva.py ``_convert_pe``)
+    rather than a classifier.
+
+    timm says it only in its pretrained cfgs: the image-text weights (``.openai``, ``.laion2b``, ``.fb``, …) are
+    registered with ``num_classes`` = the joint embedding width, their fine-tuned classifiers with a label set's size
+    (1000, 11821: timm/data/imagenet_info.py, recorded in timm_archs.json's ``label_sets``). So a head is the
+    projection when its width is the registered ``num_classes`` of the name and tag it was saved under, that width
+    is no label set, it is of the order of the model's width (PROJECTION_MAX_RATIO), and no class names come with it
+    (``--labels``, a folder's ``label_names``: a classifier fine-tuned to exactly that width is told by its names).
+    Never read from the model's name."""
+    if labelled or head_out <= 0:
+        return False
+    n = registered_num_classes(name, tag)
+    return (n == head_out and str(n) not in _table().get("label_sets", {})
+            and head_out <= PROJECTION_MAX_RATIO * embed_dim)
+
+
+def as_projection(cfg: ViTConfig, state: dict[str, Any]) -> ViTConfig:
+    """``state``'s ``head`` renamed ``proj`` (in place) and the config of the embedding model it then is: no classes,
+    ``proj_dim`` the head's width, ``proj_bias`` where the weights have a non-zero bias (timm writes CLIP's bias-free
+    projection with a zero bias, which is dropped: exact)."""
+    w = state.pop("head.weight")
+    b = state.pop("head.bias", None)
+    bias = b is not None and bool(b.ne(0).any())
+    state["proj.weight"] = w
+    if bias:
+        state["proj.bias"] = b
+    return cfg.with_(num_classes=0, proj_dim=int(w.shape[0]), proj_bias=bias)
+
+
 def class_args(entry: dict[str, Any]) -> dict[str, Any]:
     """A row's args laid over its class's constructor defaults: every argument timm's class is built with."""
     return {**_table()["class_defaults"].get(entry["class"], {}), **entry["args"]}
@@ -261,15 +310,17 @@ def _fit_to_weights(cfg: ViTConfig, sd: dict[str, Any], where: str, arch: str) -
 
 
 def load_timm(path: str | Path, arch: str, labels: str | Path | None = None, loaded: Any = None,
-              overrides: dict[str, Any] | None = None) -> Checkpoint:
-    """A timm ViT state dict (plain, or inside a timm training checkpoint) with its timm model name, any family."""
+              overrides: dict[str, Any] | None = None, labelled: bool = False) -> Checkpoint:
+    """A timm ViT state dict (plain, or inside a timm training checkpoint) with its timm model name, any family.
+    A head that is the tower's projection (``projection_head``; ``labelled``: class names come with the weights)
+    makes an embedding model."""
     from vitdeploy.model.checkpoint import describe_foreign
     from vitdeploy.model.weights import _check_fits, _float32, read_tensors
 
     p = Path(path)
     entry = table_entry(arch)
     if entry is not None and entry["family"] in EVA_BEIT:
-        return _eva_beit_checkpoint(p, arch, entry, labels, loaded, model_args=overrides)
+        return _eva_beit_checkpoint(p, arch, entry, labels, loaded, model_args=overrides, labelled=labelled)
     spec = timm_arch(arch, overrides)
     sd, key = read_tensors(p, loaded)
     sd = {k: v for k, v in sd.items() if not k.startswith("pre_logits.")}  # unused representation layer of old weights
@@ -277,6 +328,8 @@ def load_timm(path: str | Path, arch: str, labels: str | Path | None = None, loa
         raise VitdeployError(f"{p}: not a timm ViT state dict — {describe_foreign(sd)}")
     cfg = _fit_to_weights(spec.config, sd, str(p), arch)
     state = _float32(sd)
+    if projection_head(arch, None, cfg.num_classes, cfg.embed_dim, labelled or labels is not None):
+        cfg = as_projection(cfg, state)
     _check_fits(state, cfg, f"{p} (as {arch})")
     name = spec.name + (f".{spec.tag}" if spec.tag else "")
     return _checkpoint(p, arch, key, cfg, state, dict(spec.preprocess), name, labels, timm_table=timm_version())
@@ -317,11 +370,12 @@ def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None,
         raise VitdeployError(f"{d}: no model.safetensors or pytorch_model.bin beside config.json")
     entry = table_entry(arch)
     if entry is not None and entry["family"] in EVA_BEIT:
-        ck = _eva_beit_checkpoint(weights, arch, entry, labels, model_args=model_args, pcfg=pcfg)
+        ck = _eva_beit_checkpoint(weights, arch, entry, labels, model_args=model_args, pcfg=pcfg,
+                                  labelled=_has_label_names(cfg_json, pcfg))
         return _folder_checkpoint(ck, d, cfg_json, pcfg, labels, weights)
     name = f"{arch}.{tag}" if tag and "." not in arch else arch
     try:
-        ck = load_timm(weights, name, labels, overrides=model_args)
+        ck = load_timm(weights, name, labels, overrides=model_args, labelled=_has_label_names(cfg_json, pcfg))
     except UsageError as e:  # an unknown name in a folder is the folder's problem, not an option's
         raise VitdeployError(f"{d / HF_CONFIG}: {e}") from None
     m = ck.manifest
@@ -338,6 +392,11 @@ def _folder_checkpoint(ck: Checkpoint, d: Path, cfg_json: dict[str, Any], pcfg: 
     folder_labels(ck.manifest, cfg_json, pcfg, labels)
     ck.manifest.source = {**ck.manifest.source, "format": "timm-hub", "path": str(d.resolve()), "weights": weights.name}
     return ck
+
+
+def _has_label_names(cfg_json: dict[str, Any], pcfg: dict[str, Any]) -> bool:
+    """Whether a timm folder names its classes (``label_names``, as save_for_hf writes them)."""
+    return bool(cfg_json.get("label_names", pcfg.get("label_names")))
 
 
 def folder_labels(m: Manifest, cfg_json: dict[str, Any], pcfg: dict[str, Any], labels: str | Path | None) -> None:
@@ -358,6 +417,7 @@ def _eva_beit_checkpoint(
     loaded: Any = None,
     model_args: dict[str, Any] | None = None,
     pcfg: dict[str, Any] | None = None,
+    labelled: bool = False,
 ) -> Checkpoint:
     """A timm Eva/Beit state dict: its arguments from the generated table under the folder's ``model_args``,
     its names through the one layout filter (model/layouts.py), its preprocessing from the pretrained cfg."""
@@ -376,8 +436,10 @@ def _eva_beit_checkpoint(
     state = _float32(rename_eva_beit(sd))
     pcfg = {**entry.get("preprocess", {}), **(pcfg or {})}
     pp = pp_from_pretrained_cfg({"input_size": (3, *cfg.image_size), **pcfg}, str(p))
-    if args.get("dynamic_img_size") and not cfg.abs_pos_embed:
-        # timm runs it at whatever size the preprocessing makes, its rotary tables computed for that grid
+    if (args.get("dynamic_img_size") and not cfg.abs_pos_embed) or "img_size" not in {**entry["args"], **model_args}:
+        # timm runs it at whatever size the preprocessing makes, its rotary tables computed for that grid; or, the
+        # name passing no img_size, builds it at its pretrained cfg's input size (timm's _update_default_model_kwargs:
+        # PE-core-T at 384, where Eva's own default is 224)
         try:
             cfg = cfg.with_(image_size=tuple(pp["input_size"]))
         except ValueError as e:
@@ -386,5 +448,8 @@ def _eva_beit_checkpoint(
         raise VitdeployError(f"{p}: the preprocessing's input size {pp['input_size']} differs from the model's {list(cfg.image_size)}")
     n = int(state["head.weight"].shape[0]) if "head.weight" in state else 0
     cfg = cfg.with_(num_classes=n)
+    tag = (pcfg or {}).get("tag")
+    if projection_head(arch, tag if isinstance(tag, str) else None, n, cfg.embed_dim, labelled or labels is not None):
+        cfg = as_projection(cfg, state)  # the Eva CLIP towers' and PE-core's projection
     _check_fits(state, cfg, str(p))
     return _checkpoint(p, arch, key, cfg, state, pp, arch, labels, timm_class=entry["class"])

@@ -283,8 +283,8 @@ class VisionTransformer(nn.Module):
         if cfg.global_pool == "map":
             from vitdeploy.model.heads import AttentionPoolLatent
 
-            mlp = Mlp(d, cfg.hidden_dim, act=cfg.act)
-            self.attn_pool = AttentionPoolLatent(d, cfg.num_heads, mlp, cfg.ln_eps)
+            mlp = Mlp(d, cfg.pool_mlp_dim or cfg.hidden_dim, act=cfg.act)
+            self.attn_pool = AttentionPoolLatent(d, cfg.pool_heads or cfg.num_heads, mlp, cfg.ln_eps)
         pooled = cfg.pooled_dim
         self.fc_norm = nn.LayerNorm(pooled, eps=cfg.ln_eps) if fc and not cfg.embed_pool else None
         # CLIP's visual projection (timm's CLIP towers call it "head"; importers rename it): absent without proj_dim

@@ -134,13 +134,19 @@ def _check_fits(state: dict[str, torch.Tensor], cfg: ViTConfig, where: str) -> N
 
 
 def _manifest(cfg: ViTConfig, labels: list[str], pp: dict[str, Any], name: str, source: dict[str, Any]) -> Manifest:
+    """An imported checkpoint's manifest, its task recorded (core/task.py): a classifier, or the embedding model a
+    backbone is (its dimension, pooling, projection, registers), so info and every later step read it as such."""
+    from vitdeploy.core.task import task_from_model
+
+    model = cfg.to_dict()
     return Manifest(
-        model=cfg.to_dict(),
+        model=model,
         labels=labels,
         preprocess=pp,
         name=name,
         source=source,
         versions=tool_versions("torch", "safetensors"),
+        extra={"task": task_from_model(model).to_dict()},
     )
 
 

@@ -222,8 +222,10 @@ class EmbeddingOptions:
         if self.pool is not None:
             have = _pools_of(cfg)
             if self.pool not in have:
+                own = ("its projection was trained on its own pooling" if cfg.proj_dim
+                       else "it pools its own way only")
                 raise UsageError(f"{where}: --pool {self.pool} is not a pooling this model has "
-                                 f"({', '.join(have) or 'it pools its own way only'})")
+                                 f"({', '.join(have) or own})")
             changes["embed_pool"] = self.pool
         if self.normalize:
             changes["l2_norm"] = True
@@ -243,8 +245,9 @@ class EmbeddingOptions:
 
 def _pools_of(cfg: Any) -> tuple[str, ...]:
     """The --pool values a model has: with a class token and the final norm over every token, all three (as DINOv2
-    defines them); without a class token, mean; a model that norms after pooling or a distilled one: none."""
-    if cfg.use_fc_norm or cfg.distilled or not cfg.final_norm:
+    defines them); without a class token, mean; a model that norms after pooling, a distilled one, or one whose
+    projection (CLIP's, PE's) was trained on its own pooling: none."""
+    if cfg.use_fc_norm or cfg.distilled or not cfg.final_norm or cfg.proj_dim:
         return ()
     return POOLS if cfg.class_token else ("mean",)
 

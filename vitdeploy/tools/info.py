@@ -58,8 +58,26 @@ class ArtifactInfo:
             "classes": m.num_classes if "num_classes" in m.model else len(m.labels), "labels": m.labels,
             "preprocess": m.preprocess, "source": m.source, "lineage": [lk.to_dict() for lk in self.lineage],
             "files": [lk.to_dict() for lk in self.files], "current": self.current, "manifest": m.to_dict(),
-            **_family_fields(m),
+            **_task_fields(m), **_family_fields(m),
         }
+
+
+def _task_fields(m: Manifest) -> dict[str, Any]:
+    """info --json's task (core/task.py): the manifest's entry, and its one line (``task_line``)."""
+    task, line = _task(m)
+    return {"task": task.to_dict() if task is not None else None, "task_line": line}
+
+
+def _task(m: Manifest) -> tuple[Any, str]:
+    """The task and its line; a damaged task entry is said, not raised (info shows what it can)."""
+    from vitdeploy.core.errors import VitdeployError
+    from vitdeploy.core.task import task_of
+
+    try:
+        task = task_of(m)
+    except (VitdeployError, TypeError, ValueError) as e:
+        return None, f"unreadable ({e})"
+    return task, task.describe()
 
 
 def _family_fields(m: Manifest) -> dict[str, Any]:
@@ -191,10 +209,12 @@ def describe(i: ArtifactInfo) -> list[str]:
     pp = m.pp()
     h, w = pp.input_size
     labels = printable_list(m.labels[:10])  # a label is one field on one line: newlines and controls escaped + (f", … ({len(m.labels)} in all)" if len(m.labels) > 10 else "")
+    task, task_line = _task(m)
     lines = [
         f"{i.path}  ({i.kind}, {m.precision}, target {m.target or 'none (the default graph)'})",
         f"  name           {m.name}",
-        f"  classes        {len(m.labels)}: {labels}",
+        f"  task           {task_line}",
+        *([] if task is not None and task.is_embedding else [f"  classes        {len(m.labels)}: {labels}"]),
         *_architecture(m),
         f"  input          {h}x{w} RGB, resize {pp.resize_mode}, crop {pp.crop_pct:g}, {pp.interpolation}, "
         f"mean {list(pp.mean)}, std {list(pp.std)}",
