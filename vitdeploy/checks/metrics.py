@@ -238,26 +238,44 @@ def nearest_neighbours(x: np.ndarray) -> np.ndarray:
 
 
 def knn_predict(gallery: np.ndarray, gallery_labels: np.ndarray, queries: np.ndarray, num_classes: int,
-                k: int = KNN_K, temperature: float = KNN_T, leave_one_out: bool = False) -> np.ndarray:
+                k: int = KNN_K, temperature: float = KNN_T, leave_one_out: bool = False,
+                exclude: np.ndarray | None = None) -> np.ndarray:
     """Class scores per query by DINOv2's weighted kNN (eval/knn.py): the k most cosine-similar gallery rows vote for
     their class with weight exp(cos / T). ``leave_one_out``: the queries are the gallery, each row's own vote left
-    out. Returns [queries, num_classes]."""
+    out; ``exclude``: per query, a gallery row left out (-1: none). Returns [queries, num_classes]."""
     scores = np.zeros((len(queries), num_classes))
-    for s, idx, sim in knn_neighbours(gallery, queries, k, leave_one_out):
-        z = sim / temperature
-        w = np.exp(z - z.max(axis=1, keepdims=True))  # shifted: same votes, no overflow
-        rows = np.repeat(np.arange(s, s + len(idx)), idx.shape[1])
-        np.add.at(scores, (rows, np.asarray(gallery_labels)[idx].ravel()), w.ravel())
+    for s, idx, sim in knn_neighbours(gallery, queries, k, leave_one_out, exclude):
+        scores[s : s + len(idx)] = knn_votes(idx, sim, gallery_labels, num_classes, temperature)
     return scores
 
 
-def knn_neighbours(gallery: np.ndarray, queries: np.ndarray, k: int = KNN_K,
-                   leave_one_out: bool = False) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+def knn_votes(idx: np.ndarray, sim: np.ndarray, gallery_labels: np.ndarray, num_classes: int,
+              temperature: float = KNN_T) -> np.ndarray:
+    """The class scores [queries, num_classes] that neighbours (their gallery indices and cosines, as
+    ``knn_neighbours`` gives them) vote: weight exp(cos / T) each, DINOv2's eval/knn.py."""
+    z = np.asarray(sim, np.float64) / temperature
+    finite = np.isfinite(z)  # a left-out row (-inf) never votes
+    z = np.where(finite, z, 0.0)
+    top = np.max(np.where(finite, z, -np.inf), axis=1, keepdims=True)
+    w = np.where(finite, np.exp(z - np.where(np.isfinite(top), top, 0.0)), 0.0)  # shifted: same votes, no overflow
+    scores = np.zeros((len(idx), num_classes))
+    rows = np.repeat(np.arange(len(idx)), idx.shape[1])
+    np.add.at(scores, (rows, np.asarray(gallery_labels)[idx].ravel()), w.ravel())
+    return scores
+
+
+def knn_neighbours(gallery: np.ndarray, queries: np.ndarray, k: int = KNN_K, leave_one_out: bool = False,
+                   exclude: np.ndarray | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Per block of queries: (first row, the k most cosine-similar gallery rows' indices, their cosines), most
-    similar first (infer --gallery shows them; knn_predict weighs their votes)."""
+    similar first (infer --gallery shows them; knn_votes weighs them). ``exclude``: per query, a gallery row left
+    out (-1: none; a query that is a gallery image must not vote for itself)."""
     g, q = l2_normalize(gallery), l2_normalize(queries)
-    k = max(1, min(k, g.shape[0] - int(leave_one_out)))
+    k = max(1, min(k, g.shape[0] - int(leave_one_out or exclude is not None and bool((exclude >= 0).any()))))
     for s, sim in _similarity_blocks(q, g, leave_one_out):
+        if exclude is not None:
+            ex = np.asarray(exclude[s : s + len(sim)])
+            rows = np.flatnonzero(ex >= 0)
+            sim[rows, ex[rows]] = -np.inf
         idx = np.argpartition(-sim, kth=k - 1, axis=1)[:, :k]
         near = np.take_along_axis(sim, idx, axis=1)
         order = np.argsort(-near, axis=1, kind="stable")

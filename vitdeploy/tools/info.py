@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitdeploy.core.errors import UnreadableArtifact, UsageError
+from vitdeploy.core.errors import UnreadableArtifact, UsageError, VitdeployError
 from vitdeploy.core.manifest import Manifest
 from vitdeploy.core.text import printable_list
 
@@ -56,10 +56,23 @@ class ArtifactInfo:
         return {
             "path": str(self.path), "kind": self.kind, "name": m.name, "precision": m.precision, "target": m.target,
             "classes": m.num_classes if "num_classes" in m.model else len(m.labels), "labels": m.labels,
+            **_task_field(m),
             "preprocess": m.preprocess, "source": m.source, "lineage": [lk.to_dict() for lk in self.lineage],
             "files": [lk.to_dict() for lk in self.files], "current": self.current, "manifest": m.to_dict(),
             **_family_fields(m),
         }
+
+
+def _task_field(m: Manifest) -> dict[str, Any]:
+    """info --json's task (core/task.py): what the model answers; none for a manifest without a model (a bundle's)."""
+    from vitdeploy.core.task import task_of
+
+    if not m.model and "task" not in m.extra:
+        return {}
+    try:
+        return {"task": task_of(m).to_dict()}
+    except VitdeployError as e:
+        return {"task": None, "task_error": str(e)}
 
 
 def _family_fields(m: Manifest) -> dict[str, Any]:
@@ -194,7 +207,7 @@ def describe(i: ArtifactInfo) -> list[str]:
     lines = [
         f"{i.path}  ({i.kind}, {m.precision}, target {m.target or 'none (the default graph)'})",
         f"  name           {m.name}",
-        f"  classes        {len(m.labels)}: {labels}",
+        *_task_lines(m, labels),
         *_architecture(m),
         f"  input          {h}x{w} RGB, resize {pp.resize_mode}, crop {pp.crop_pct:g}, {pp.interpolation}, "
         f"mean {list(pp.mean)}, std {list(pp.std)}",
@@ -228,6 +241,19 @@ def describe(i: ArtifactInfo) -> list[str]:
     if versions:
         lines.append(f"  versions       {versions}")
     return lines
+
+
+def _task_lines(m: Manifest, labels: str) -> list[str]:
+    """What the model answers: its classes, or for an embedding model what its vector is (core/task.py)."""
+    from vitdeploy.core.task import task_of
+
+    classes = [f"  classes        {len(m.labels)}: {labels}"]
+    if not _task_field(m).get("task"):
+        return classes
+    task = task_of(m)
+    if task.is_embedding:
+        return [f"  task           {task.describe()}"]
+    return classes + ([f"  task           {task.describe()}"] if task.zero_shot or task.probe else [])
 
 
 def _architecture(m: Manifest) -> list[str]:
