@@ -177,6 +177,9 @@ class VerifyReport:
         }
 
 
+LOWEST_SHOWN = 10  # per candidate in --json: the images it answers least like the reference
+
+
 @dataclass
 class PatchCosine:
     """One image's per-patch cosine of a candidate's patch tokens to the reference's: [grid_h, grid_w]."""
@@ -257,10 +260,18 @@ class EmbeddingVerifyReport:
     def failures(self) -> list[str]:
         return [f"{r.artifact}: {f}" for r in self.results for f in r.failures]
 
+    def lowest(self, result: EmbeddingResult, n: int = LOWEST_SHOWN) -> list[dict[str, Any]]:
+        """The ``n`` images a candidate answers least like the reference: path and cosine, lowest first."""
+        cos = result.comparison.per_image_cosine
+        return [{"path": self.paths[i], "cosine": float(cos[i])} for i in np.argsort(cos, kind="stable")[:n]]
+
     def to_dict(self) -> dict[str, Any]:
+        results = [r.to_dict() for r in self.results]
+        for r, d in zip(self.results[1:], results[1:], strict=True):
+            d["lowest_cosine"] = self.lowest(r)
         return {
             "task": self.task.to_dict(),
-            "results": [r.to_dict() for r in self.results],
+            "results": results,
             "images": self.images,
             "num_images": len(self.paths),
             "labeled": self.labels is not None,

@@ -53,8 +53,12 @@ def infer(
     if out is not None:
         from vitdeploy.core.fileio import check_output
 
-        suffixes = tuple(x for s in EMBEDDING_SUFFIXES for x in (s, s.upper()))
-        check_output(out, inputs, suffixes=suffixes)
+        check_output(out, inputs)
+        if out.suffix.lower() not in EMBEDDING_SUFFIXES:
+            from vitdeploy.core.errors import UsageError
+
+            raise UsageError(f"-o {out}: the name must end in .csv or .json (an embedding model's vectors: .npy, "
+                             ".json or .parquet)")
         if out.suffix.lower() == ".npy":
             check_output(sidecar_of(out), inputs)
     check_json_dest(json_out, inputs)

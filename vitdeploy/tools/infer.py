@@ -377,6 +377,8 @@ def _run_vectors(runner: Any, paths: Sequence[Path], batch_size: int, workers: i
     """The runner's vectors for the readable ``paths`` (in order); a row with NaN or Inf is skipped with a reason."""
     import numpy as np
 
+    from vitdeploy.core.task import task_of
+
     kept: list[Path] = []
     rows: list[np.ndarray] = []
     skipped: list[tuple[Path, str]] = []
@@ -391,14 +393,8 @@ def _run_vectors(runner: Any, paths: Sequence[Path], batch_size: int, workers: i
             kept += [p for p, good in zip(batch.paths, ok, strict=True) if good]
             rows.append(out[ok])
         on_batch(len(batch.paths), batch.skipped)
-    dim = int(task_dim(runner.manifest))
+    dim = task_of(runner.manifest).dim
     return kept, (np.concatenate(rows) if rows else np.zeros((0, dim), np.float32)), skipped
-
-
-def task_dim(manifest: Any) -> int:
-    from vitdeploy.core.task import task_of
-
-    return task_of(manifest).dim
 
 
 def read_gallery(gallery: str | Path) -> tuple[list[Path], list[int], list[str]]:
