@@ -192,7 +192,7 @@ class PatchCosine:
         c = self.cosine
         return {"image": self.image, "grid": list(c.shape), "mean": float(c.mean()),
                 "p1": float(np.percentile(c, 1)), "min": float(c.min()),
-                "map": np.round(c.astype(np.float64), 6).tolist()}
+                "map": np.round(c.astype(np.float64), 8).tolist()}
 
 
 @dataclass

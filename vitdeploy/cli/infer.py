@@ -86,7 +86,7 @@ def infer(
                 if not t0[0]:
                     t0[0] = now
                 rate = done / (now - t0[0]) if now > t0[0] else 0.0
-                prog.update(task, completed=done + skipped,
+                prog.update(task, completed=done + skipped, total=total,
                             info=f"{rate:.1f} images/s" + (f"  {skipped} skipped" if skipped else ""))
 
             result = run_infer(paths, batch_size=batch_size, top_k=top_k, workers=workers,

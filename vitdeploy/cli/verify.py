@@ -29,7 +29,7 @@ def verify(
     candidates: list[Path] = typer.Argument(..., help="Artifacts to compare: checkpoints, .onnx models, engines."),
     images: Path = typer.Option(..., "--images", "-i", help="Images: an ImageFolder (class sub-folders) gives accuracy too; a flat folder agreement only."),
     tolerance: Optional[str] = typer.Option(None, help="A classifier's limits instead of its precision's: RTOL (e.g. 1e-4) or rtol=R,agreement=A (rtol=none to skip the logit check). Default: fp32 max|Δ| ≤ 1e-4·max(1,max|logit|) and 100% agreement; fp16 1e-2 and 99.9%; int8 99%."),
-    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="An embedding model's least mean per-image cosine to the reference, instead of its precision's (fp32 0.9999, fp16 0.999, int8 0.99; with 1st percentile 0.9999/0.995/0.97 and nearest-neighbour agreement 99/97/97%)."),
+    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", **bounded("fraction"), help="An embedding model's least mean per-image cosine to the reference, instead of its precision's (fp32 0.9999, fp16 0.999, int8 0.99; with 1st percentile 0.9999/0.995/0.97 and nearest-neighbour agreement 99/97/97%)."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", **bounded("batch"), help="Images per model call."),
     backend: str = typer.Option("auto", help="auto (each artifact's fastest installed backend), or a backend for the candidates that can run on it (e.g. openvino for ONNX)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write {\"results\": [...]} (reference first) to FILE ('-': stdout, without the table)."),
