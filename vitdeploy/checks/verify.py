@@ -499,7 +499,7 @@ def _require_same_task(ref_name: str, ref: Any, cand_name: str, cand: Any) -> No
         raise IncompatibleArtifact(
             f"{cand_name} is an {ct.describe()} and {ref_name} a {rt.describe()}: verify an embedding model's copies "
             f"against its FP32 ONNX model or 0-class checkpoint (e.g. `vitdeploy verify {cand_name} "
-            f"{Path(cand_name).stem}.fp16.onnx -i DIR`)")
+            f"{Path(cand_name).with_suffix('.fp16.onnx')} -i DIR`)")
     if rt.is_embedding and not ct.is_embedding:
         raise IncompatibleArtifact(f"{cand_name} is a {ct.describe()} and {ref_name} an {rt.describe()}: "
                                    "verify compares artifacts of one model")
