@@ -41,8 +41,18 @@ class RunResult:
 
 
 def same_model(reference: tuple[str, Manifest], candidate: tuple[str, Manifest]) -> str | None:
-    """Why two manifests are not copies of one model (classes, class names, input size), or None."""
+    """Why two manifests are not copies of one model (task, classes, class names, input size), or None."""
+    from vitdeploy.core.task import task_of
+
     (rn, r), (cn, c) = reference, candidate
+    rt, ct = task_of(r), task_of(c)
+    if rt.is_embedding or ct.is_embedding:  # what the vector is: its width, pooling, projection and normalisation
+        keys = ("kind", "dim", "pool", "projection", "normalize")
+        if [getattr(rt, k) for k in keys] != [getattr(ct, k) for k in keys]:
+            def what(t: Any) -> str:
+                return f"{'an' if t.is_embedding else 'a'} {t.describe()}"
+
+            return f"{cn} is {what(ct)}, {rn} {what(rt)}"
     if c.num_classes != r.num_classes:
         return f"{cn} has {c.num_classes} classes, {rn} has {r.num_classes}"
     if list(c.labels) != list(r.labels):

@@ -70,8 +70,9 @@ class EmbeddingJudge:
 
     task: Task
 
-    def compare(self, reference: np.ndarray, candidate: np.ndarray, labels: np.ndarray | None = None) -> EmbeddingComparison:
-        return compare_embeddings(reference, candidate, labels)
+    def compare(self, reference: np.ndarray, candidate: np.ndarray, labels: np.ndarray | None = None,
+                knn_reference: float | None = None) -> EmbeddingComparison:
+        return compare_embeddings(reference, candidate, labels, knn_reference)
 
     def budget(self, precision: str, min_cosine: float | None = None) -> EmbeddingBudget:
         return embedding_budget(precision, min_cosine)

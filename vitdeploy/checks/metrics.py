@@ -10,7 +10,7 @@ bundle's raw-pixel check and explain's map comparison all read their figures fro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,31 +220,72 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
     return np.asarray(v / np.where(n > 0, n, 1.0))
 
 
+SIM_ROWS = 1024  # query rows per block of cosine similarities: one [N, N] matrix of 50,000 images would be 20 GB
+
+
+def _similarity_blocks(queries: np.ndarray, gallery: np.ndarray, leave_one_out: bool) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, cosine similarities [rows, gallery]) per block of SIM_ROWS unit-length queries; with
+    ``leave_one_out`` (the queries are the gallery) each row's similarity to itself is -inf."""
+    for s in range(0, len(queries), SIM_ROWS):
+        sim = queries[s : s + SIM_ROWS] @ gallery.T
+        if leave_one_out:
+            rows = np.arange(len(sim))
+            sim[rows, rows + s] = -np.inf
+        yield s, sim
+
+
 def nearest_neighbours(x: np.ndarray) -> np.ndarray:
     """Each row's nearest other row by cosine (leave-one-out), as an index."""
     z = l2_normalize(x)
-    sim = z @ z.T
-    np.fill_diagonal(sim, -np.inf)
-    return np.asarray(sim.argmax(axis=1))
+    out = np.zeros(len(z), np.int64)
+    for s, sim in _similarity_blocks(z, z, leave_one_out=True):
+        out[s : s + len(sim)] = sim.argmax(axis=1)
+    return out
 
 
 def knn_predict(gallery: np.ndarray, gallery_labels: np.ndarray, queries: np.ndarray, num_classes: int,
-                k: int = KNN_K, temperature: float = KNN_T, leave_one_out: bool = False) -> np.ndarray:
+                k: int = KNN_K, temperature: float = KNN_T, leave_one_out: bool = False,
+                exclude: np.ndarray | None = None) -> np.ndarray:
     """Class scores per query by DINOv2's weighted kNN (eval/knn.py): the k most cosine-similar gallery rows vote for
     their class with weight exp(cos / T). ``leave_one_out``: the queries are the gallery, each row's own vote left
-    out. Returns [queries, num_classes]."""
-    g, q = l2_normalize(gallery), l2_normalize(queries)
-    sim = q @ g.T
-    if leave_one_out:
-        np.fill_diagonal(sim, -np.inf)
-    k = max(1, min(k, g.shape[0] - int(leave_one_out)))
-    idx = np.argpartition(-sim, kth=k - 1, axis=1)[:, :k]
-    s = np.take_along_axis(sim, idx, axis=1)
-    z = np.asarray(s, dtype=np.float64) / temperature
-    w = np.exp(z - z.max(axis=1, keepdims=True))  # shifted: same votes, no overflow
-    scores = np.zeros((len(q), num_classes))
-    np.add.at(scores, (np.repeat(np.arange(len(q)), k), np.asarray(gallery_labels)[idx].ravel()), w.ravel())
+    out; ``exclude``: per query, a gallery row left out (-1: none). Returns [queries, num_classes]."""
+    scores = np.zeros((len(queries), num_classes))
+    for s, idx, sim in knn_neighbours(gallery, queries, k, leave_one_out, exclude):
+        scores[s : s + len(idx)] = knn_votes(idx, sim, gallery_labels, num_classes, temperature)
     return scores
+
+
+def knn_votes(idx: np.ndarray, sim: np.ndarray, gallery_labels: np.ndarray, num_classes: int,
+              temperature: float = KNN_T) -> np.ndarray:
+    """The class scores [queries, num_classes] that neighbours (their gallery indices and cosines, as
+    ``knn_neighbours`` gives them) vote: weight exp(cos / T) each, DINOv2's eval/knn.py."""
+    z = np.asarray(sim, np.float64) / temperature
+    finite = np.isfinite(z)  # a left-out row (-inf) never votes
+    z = np.where(finite, z, 0.0)
+    top = np.max(np.where(finite, z, -np.inf), axis=1, keepdims=True)
+    w = np.where(finite, np.exp(z - np.where(np.isfinite(top), top, 0.0)), 0.0)  # shifted: same votes, no overflow
+    scores = np.zeros((len(idx), num_classes))
+    rows = np.repeat(np.arange(len(idx)), idx.shape[1])
+    np.add.at(scores, (rows, np.asarray(gallery_labels)[idx].ravel()), w.ravel())
+    return scores
+
+
+def knn_neighbours(gallery: np.ndarray, queries: np.ndarray, k: int = KNN_K, leave_one_out: bool = False,
+                   exclude: np.ndarray | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Per block of queries: (first row, the k most cosine-similar gallery rows' indices, their cosines), most
+    similar first (infer --gallery shows them; knn_votes weighs them). ``exclude``: per query, a gallery row left
+    out (-1: none; a query that is a gallery image must not vote for itself)."""
+    g, q = l2_normalize(gallery), l2_normalize(queries)
+    k = max(1, min(k, g.shape[0] - int(leave_one_out or exclude is not None and bool((exclude >= 0).any()))))
+    for s, sim in _similarity_blocks(q, g, leave_one_out):
+        if exclude is not None:
+            ex = np.asarray(exclude[s : s + len(sim)])
+            rows = np.flatnonzero(ex >= 0)
+            sim[rows, ex[rows]] = -np.inf
+        idx = np.argpartition(-sim, kth=k - 1, axis=1)[:, :k]
+        near = np.take_along_axis(sim, idx, axis=1)
+        order = np.argsort(-near, axis=1, kind="stable")
+        yield s, np.take_along_axis(idx, order, axis=1), np.take_along_axis(near, order, axis=1)
 
 
 def knn_accuracy(x: np.ndarray, labels: np.ndarray, k: int = KNN_K, temperature: float = KNN_T) -> float:
@@ -299,9 +340,11 @@ class EmbeddingComparison:
         return d
 
 
-def compare_embeddings(reference: np.ndarray, candidate: np.ndarray, labels: np.ndarray | None = None) -> EmbeddingComparison:
+def compare_embeddings(reference: np.ndarray, candidate: np.ndarray, labels: np.ndarray | None = None,
+                       knn_reference: float | None = None) -> EmbeddingComparison:
     """The one comparator for embedding models ([N, D] rows; [N, P, D] patch tokens are compared per token, their
-    figures then over every token). A non-finite row has cosine 0 and never agrees."""
+    figures then over every token). A non-finite row has cosine 0 and never agrees. ``knn_reference``: the
+    reference's kNN top-1 on these labels where the caller has it already (verify, for its second candidate on)."""
     ref = np.asarray(reference, dtype=np.float64)
     cand = np.asarray(candidate, dtype=np.float64)
     if ref.shape != cand.shape:
@@ -321,7 +364,8 @@ def compare_embeddings(reference: np.ndarray, candidate: np.ndarray, labels: np.
         nn = float(ok.mean())
     knn = knn_ref = None
     if labels is not None and ref.ndim == 2 and len(labels) == n and n > 1:
-        knn, knn_ref = knn_accuracy(c0, labels), knn_accuracy(r0, labels)
+        knn = knn_accuracy(c0, labels)
+        knn_ref = knn_accuracy(r0, labels) if knn_reference is None else knn_reference
     return EmbeddingComparison(
         rows=n,
         cosine_mean=float(cos.mean()),

@@ -297,6 +297,9 @@ def numerics(
     if num_images < 1 or batch_size < 1 or safety < 1 or spread_limit <= 1:
         raise UsageError("--num-images and --batch-size must be at least 1, --safety at least 1, --spread-limit over 1")
     path = Path(model_onnx)
+    if path.suffix != ".onnx" and path.exists():  # a checkpoint (a 0-class backbone too): its export is measured
+        raise UsageError(f"{path}: numerics measures the FP32 ONNX model, not a checkpoint: export it first "
+                         f"(`vitdeploy export {path}`), then `vitdeploy numerics model.onnx -i {images}`")
     model, manifest = _load(path)
     _check_input_size(model, manifest, path)
     root = Path(images)

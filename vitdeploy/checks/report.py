@@ -6,6 +6,10 @@ plus PNGs beside it: accuracy and agreement per artifact (bars), a histogram of
 (when the images are labeled), and thumbnails of the images on which a
 candidate's top-1 differs from the reference's, with both labels.
 
+An embedding model's report (``EmbeddingVerifyReport``) shows its figures instead: the per-image cosine to the
+reference (each candidate's images sorted, against its budget), kNN top-1 and nearest-neighbour agreement (bars), the
+images with the lowest cosine, and, where the artifacts have patch tokens, the per-patch cosine map over one image.
+
 matplotlib is used through ``Figure`` and the Agg canvas only (no pyplot), so
 it needs no display and leaves no global backend state behind. Every file is
 written atomically and the page last, so a failed run never leaves a page that
@@ -29,7 +33,7 @@ from vitdeploy.core.text import printable
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from vitdeploy.checks.verify import ArtifactResult, VerifyReport
+    from vitdeploy.checks.verify import ArtifactResult, EmbeddingVerifyReport, VerifyReport
 
 MAX_DISAGREEMENTS = 60  # thumbnails per candidate; the page says how many more there are
 THUMB = 96
@@ -238,7 +242,7 @@ def check_report_dir(out_dir: str | Path) -> None:
                              "folder (it is never written over)")
 
 
-def write_report(report: VerifyReport, out_dir: str | Path, max_disagreements: int = MAX_DISAGREEMENTS) -> Path:
+def write_report(report: VerifyReport | EmbeddingVerifyReport, out_dir: str | Path, max_disagreements: int = MAX_DISAGREEMENTS) -> Path:
     """Write ``index.html`` and its PNGs into ``out_dir``, all or nothing: built in a folder beside it and moved in
     at the end, so a failure (a full disk) leaves no half-written report. Returns the page's path."""
     import shutil
@@ -258,11 +262,16 @@ def write_report(report: VerifyReport, out_dir: str | Path, max_disagreements: i
     return final / "index.html"
 
 
-def _write_report(report: VerifyReport, out_dir: str | Path, max_disagreements: int = MAX_DISAGREEMENTS) -> Path:
+def _write_report(report: VerifyReport | EmbeddingVerifyReport, out_dir: str | Path,
+                  max_disagreements: int = MAX_DISAGREEMENTS) -> Path:
+    from vitdeploy.checks.verify import EmbeddingVerifyReport
+
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise VitdeployError(f"--report {out}: a file, not a folder; pass a folder for index.html and its pictures")
     out.mkdir(parents=True, exist_ok=True)
+    if isinstance(report, EmbeddingVerifyReport):
+        return _write_page(out, report.reference.artifact, _embedding_body(report, out, max_disagreements))
     labeled = report.labels is not None and len(report.labels) == len(report.paths)
     names = report.class_labels
     ref = report.reference
@@ -342,12 +351,175 @@ def _write_report(report: VerifyReport, out_dir: str | Path, max_disagreements: 
         if len(differ) > max_disagreements:
             body.append(f'<p class="muted">… and {len(differ) - max_disagreements} more.</p>')
 
+    return _write_page(out, ref.artifact, body)
+
+
+def _write_page(out: Path, reference: str, body: list[str]) -> Path:
     page = (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<title>vitdeploy verify — {_e(_short(ref.artifact))}</title><style>{_CSS}</style></head>\n<body>\n"
+        f"<title>vitdeploy verify — {_e(_short(reference))}</title><style>{_CSS}</style></head>\n<body>\n"
         + "\n".join(body)
         + "\n</body></html>\n"
     )
     index = out / "index.html"
     write_text_atomic(index, page)
     return index
+
+
+# --- an embedding model's page -----------------------------------------------------------------------
+
+WORST_IMAGES = 12  # the lowest-cosine images shown per candidate
+
+
+def plot_cosine(report: EmbeddingVerifyReport, path: Path) -> Path:
+    """Each candidate's per-image 1 − cosine to the reference, images sorted from the most to the least alike, on a
+    log axis (FP16 sits near 1e-7, INT8 near 1e-4), with its budget's mean and 1st-percentile gates."""
+    fig = _figure(6.4, 3.6)
+    ax = fig.add_subplot()
+    colors = ["#dd8452", "#4c72b0", "#55a868", "#c44e52", "#8172b3", "#937860"]
+    floor = 1e-9  # an exact match (1 − cosine = 0) is drawn at the floor of the axis
+    for k, r in enumerate(report.candidates):
+        gap = np.maximum(1.0 - np.sort(r.comparison.per_image_cosine)[::-1], floor)
+        x = np.linspace(0, 100, len(gap)) if len(gap) > 1 else np.zeros(1)
+        color = colors[k % len(colors)]
+        ax.plot(x, gap, color=color, lw=1.5, label=f"{_short(r.artifact)} ({r.precision})")
+        if r.budget is not None:
+            ax.axhline(max(1.0 - r.budget.min_cosine, floor), color=color, lw=1, ls="--")
+            ax.axhline(max(1.0 - r.budget.min_cosine_p1, floor), color=color, lw=1, ls=":")
+    ax.set_yscale("log")
+    ax.set_xlabel("images, most alike first (%)")
+    ax.set_ylabel("1 − cosine to the reference")
+    ax.set_title("per-image cosine (dashed: the budget's mean, dotted: its 1st percentile)", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    return _save(fig, path)
+
+
+def plot_neighbours(report: EmbeddingVerifyReport, path: Path) -> Path:
+    """Bars per artifact: nearest-neighbour agreement with the reference and, on class folders, kNN top-1."""
+    results = report.results
+    series: list[tuple[str, list[float], str]] = []
+    if report.labels is not None:
+        series.append(("kNN top-1 (k=20, leave-one-out)", [r.knn_top1 or 0.0 for r in results], "#4c72b0"))
+    series.append(("nearest-neighbour agreement", [r.comparison.nn_agreement for r in results], "#55a868"))
+    fig = _figure(max(5.0, 1.4 * len(results) + 2), 3.4)
+    ax = fig.add_subplot()
+    x = np.arange(len(results))
+    width = 0.8 / len(series)
+    for k, (label, vals, color) in enumerate(series):
+        bars = ax.bar(x + (k - (len(series) - 1) / 2) * width, [v * 100 for v in vals], width, label=label, color=color)
+        ax.bar_label(bars, labels=[f"{v:.1%}" for v in vals], fontsize=8, padding=2)
+    ax.set_ylim(0, 116)
+    ax.set_yticks([t for t in ax.get_yticks() if t <= 100])
+    ax.set_xticks(x, [_short(r.artifact) for r in results], fontsize=8, rotation=0 if len(results) <= 4 else 20)
+    ax.set_ylabel("%")
+    ax.legend(loc="upper center", ncol=len(series), fontsize=8, frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_patch_cosine(report: EmbeddingVerifyReport, path: Path) -> Path:
+    """The image, then each candidate's per-patch cosine to the reference's patch tokens over it (one shared colour
+    scale, so a worse map is visibly darker)."""
+    from vitdeploy.core.preprocess import ImageReadError, load_image
+
+    maps = [(r, r.patches) for r in report.candidates if r.patches is not None]
+    image, view = maps[0][1].image, maps[0][1].view
+    fig = _figure(2.6 * (len(maps) + 1) + 0.8, 2.9)
+    axes = fig.subplots(1, len(maps) + 1)
+    if view is None:  # the model's view was not kept: the file as it is on disk
+        try:
+            view = np.asarray(load_image(image))
+        except ImageReadError:
+            axes[0].text(0.5, 0.5, "(unreadable now)", ha="center", va="center", transform=axes[0].transAxes)
+    if view is not None:
+        axes[0].imshow(view)
+    axes[0].set_title(f"{_short(image, 24)} (as the model sees it)", fontsize=8)
+    lo = min(float(p.cosine.min()) for _, p in maps)
+    lo = min(lo, 1.0 - 1e-6)  # a flat map of 1.0 still gets a scale
+    im = None
+    for ax, (r, p) in zip(axes[1:], maps, strict=True):
+        im = ax.imshow(p.cosine, cmap="viridis", vmin=lo, vmax=1.0)
+        ax.set_title(f"{_short(r.artifact, 20)} ({r.precision})\nmin {p.cosine.min():.6f}", fontsize=8)
+    for ax in axes:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    if im is not None:
+        fig.colorbar(im, ax=list(axes[1:]), shrink=0.8, label="patch cosine")
+    return _save(fig, path)
+
+
+def _embedding_table(report: EmbeddingVerifyReport) -> str:
+    labeled = report.labels is not None
+    head = ["artifact", "backend", "precision"] + (["kNN top-1"] if labeled else [])
+    head += ["cosine mean", "cosine p1", "cosine min", "rel. Frobenius", "NN agreement", "budget", "result"]
+    rows = ["<tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>"]
+    for r in report.results:
+        c = r.comparison
+        verdict = "reference" if r.is_reference else ("ok" if r.passed else "FAIL")
+        b = r.budget
+        budget = (f"mean ≥ {b.min_cosine:g}, p1 ≥ {b.min_cosine_p1:g}, NN ≥ {b.min_nn_agreement:.0%}" if b else "")
+        cells = [f"<td>{_e(r.artifact)}</td>", f"<td>{_e(r.backend)}</td>", f"<td>{_e(r.precision)}</td>"]
+        if labeled:
+            cells.append(f'<td class="num">{_pct(r.knn_top1)}</td>')
+        cells += [f'<td class="num">{c.cosine_mean:.6f}</td>', f'<td class="num">{c.cosine_p1:.6f}</td>',
+                  f'<td class="num">{c.cosine_min:.6f}</td>', f'<td class="num">{c.rel_frobenius:.2e}</td>',
+                  f'<td class="num">{_pct(c.nn_agreement)}</td>', f"<td>{_e(budget)}</td>", f"<td>{_e(verdict)}</td>"]
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return "<table>\n" + "\n".join(rows) + "\n</table>"
+
+
+def _embedding_body(report: EmbeddingVerifyReport, out: Path, worst: int) -> list[str]:
+    labeled = report.labels is not None
+    body: list[str] = []
+    verdict = '<span class="verdict pass">PASS</span>' if report.passed else '<span class="verdict fail">FAIL</span>'
+    body.append(f"<h1>vitdeploy verify {verdict}</h1>")
+    body.append(
+        f'<p class="muted">{_e(report.task.describe())} · {len(report.paths)} images from <code>{_e(report.images)}'
+        f"</code>{' (class folders: kNN top-1, k=20, T=0.07, leave-one-out)' if labeled else ' (unlabeled: no kNN)'}"
+        f" · reference <code>{_e(report.reference.artifact)}</code></p>"
+    )
+    if report.failures:
+        body.append("<ul>" + "".join(f"<li>outside the budget: {_e(f)}</li>" for f in report.failures) + "</ul>")
+    body.append(_embedding_table(report))
+    for n in report.notes:
+        body.append(f'<p class="muted">note: {_e(n)}</p>')
+    if report.skipped:
+        body.append(f'<p class="muted">{len(report.skipped)} unreadable image(s) skipped: '
+                    + ", ".join(_e(p) for p, _ in report.skipped[:10]) + ("…" if len(report.skipped) > 10 else "") + "</p>")
+
+    body.append("<h2>Per-image cosine to the reference</h2>")
+    plot_cosine(report, out / "cosine.png")
+    plot_neighbours(report, out / "neighbours.png")
+    body.append('<div class="plots">' + _img("cosine.png", "per-image cosine per candidate")
+                + _img("neighbours.png", "kNN top-1 and nearest-neighbour agreement per artifact") + "</div>")
+
+    if any(r.patches is not None for r in report.candidates):
+        first = next(r.patches for r in report.candidates if r.patches is not None)
+        assert first is not None
+        body.append("<h2>Per-patch cosine over one image</h2>")
+        body.append(f'<p class="muted">the patch tokens of <code>{_e(first.image)}</code>, the image the candidates '
+                    "answer least like the reference, each against the reference's</p>")
+        plot_patch_cosine(report, out / "patch_cosine.png")
+        body.append(f'<div class="plots">{_img("patch_cosine.png", "per-patch cosine map")}</div>')
+
+    body.append("<h2>Images with the lowest cosine</h2>")
+    thumbs: dict[int, str] = {}
+    for cand in report.candidates:
+        cos = cand.comparison.per_image_cosine
+        low = np.argsort(cos, kind="stable")[:worst]
+        body.append(f"<h3>{_e(cand.artifact)} ({_e(cand.precision)})</h3>")
+        cells = []
+        for i in low:
+            i = int(i)
+            if i not in thumbs:
+                name = f"images/{len(thumbs):05d}.png"
+                thumbs[i] = name if write_thumbnail(report.paths[i], out / name) else ""
+            pic = _img(thumbs[i], Path(report.paths[i]).name) if thumbs[i] else '<div class="muted">(unreadable now)</div>'
+            truth = (f'<div class="truth">class: {_e(report.class_labels[int(report.labels[i])])}</div>'  # type: ignore[index]
+                     if labeled else "")
+            cells.append(f'<figure class="thumb" title="{_e(report.paths[i])}">{pic}<figcaption>'
+                         f'<div class="cand">cosine {cos[i]:.6f}</div>{truth}'
+                         f'<div class="muted">{_e(_short(report.paths[i], 18))}</div></figcaption></figure>')
+        body.append('<div class="grid">' + "".join(cells) + "</div>")
+    return body

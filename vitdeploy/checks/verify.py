@@ -3,6 +3,12 @@
 The comparator only sees the Runner interface (Polygraphy's split: loaders, runners,
 comparator), so checkpoints, ONNX models and engines are compared alike. The report
 keeps every artifact's full logits, in image order, for reports built on top of it.
+
+An embedding model (its task: core/task.py) is judged as ``checks/judge.py`` says: per-image cosine to the
+reference (mean, 1st percentile, minimum), relative Frobenius error, nearest-neighbour agreement and, on a labelled
+folder, kNN top-1 beside the reference's, against its precision's EmbeddingBudget; the run gives an
+``EmbeddingVerifyReport``. Where the artifacts have patch tokens (export --tokens), one image's per-patch cosine map
+is added: the image the candidates answer least like the reference.
 """
 
 from __future__ import annotations
@@ -15,7 +21,10 @@ from typing import Any
 import numpy as np
 
 from vitdeploy.checks import metrics
+from vitdeploy.checks.judge import EmbeddingBudget, EmbeddingJudge
+from vitdeploy.checks.metrics import EmbeddingComparison
 from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.task import Task
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -168,6 +177,150 @@ class VerifyReport:
         }
 
 
+LOWEST_SHOWN = 10  # per candidate in --json: the images it answers least like the reference
+
+
+@dataclass
+class PatchCosine:
+    """One image's per-patch cosine of a candidate's patch tokens to the reference's: [grid_h, grid_w]."""
+
+    image: str
+    cosine: np.ndarray
+    view: np.ndarray | None = None  # the image as the model saw it (resized and cropped, uint8 HWC), for the report
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.cosine
+        return {"image": self.image, "grid": list(c.shape), "mean": float(c.mean()),
+                "p1": float(np.percentile(c, 1)), "min": float(c.min()),
+                "map": np.round(c.astype(np.float64), 8).tolist()}
+
+
+@dataclass
+class EmbeddingResult:
+    """One embedding artifact against the reference (the reference: against itself, with its own kNN top-1)."""
+
+    artifact: str
+    backend: str
+    precision: str
+    embeddings: np.ndarray  # [N, D] float32, in the order of EmbeddingVerifyReport.paths
+    comparison: EmbeddingComparison
+    seconds: float
+    budget: EmbeddingBudget | None = None  # None for the reference
+    failures: list[str] = field(default_factory=list)
+    patches: PatchCosine | None = None
+
+    @property
+    def is_reference(self) -> bool:
+        return self.budget is None
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def knn_top1(self) -> float | None:
+        return self.comparison.knn_top1
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"artifact": self.artifact, "backend": self.backend, "precision": self.precision,
+                             "reference": self.is_reference}
+        d.update({k: v for k, v in self.comparison.to_dict().items() if k != "rows"})
+        d.update(budget=self.budget.to_dict() if self.budget else None, passed=self.passed, failures=self.failures,
+                 seconds=round(self.seconds, 3), patch_tokens=self.patches.to_dict() if self.patches else None)
+        return d
+
+
+@dataclass
+class EmbeddingVerifyReport:
+    """verify's report for an embedding model: the reference first, then the candidates in argument order."""
+
+    task: Task
+    results: list[EmbeddingResult]
+    paths: list[str]
+    labels: np.ndarray | None  # class index (into class_labels: the folder's own classes) per image, or None
+    class_labels: list[str]
+    images: str
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    grid: tuple[int, int] | None = None  # the patch grid (rows, columns) of the patch-token maps
+
+    @property
+    def reference(self) -> EmbeddingResult:
+        return self.results[0]
+
+    @property
+    def candidates(self) -> list[EmbeddingResult]:
+        return self.results[1:]
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
+
+    @property
+    def failures(self) -> list[str]:
+        return [f"{r.artifact}: {f}" for r in self.results for f in r.failures]
+
+    def lowest(self, result: EmbeddingResult, n: int = LOWEST_SHOWN) -> list[dict[str, Any]]:
+        """The ``n`` images a candidate answers least like the reference: path and cosine, lowest first."""
+        cos = result.comparison.per_image_cosine
+        return [{"path": self.paths[i], "cosine": float(cos[i])} for i in np.argsort(cos, kind="stable")[:n]]
+
+    def to_dict(self) -> dict[str, Any]:
+        results = [r.to_dict() for r in self.results]
+        for r, d in zip(self.results[1:], results[1:], strict=True):
+            d["lowest_cosine"] = self.lowest(r)
+        return {
+            "task": self.task.to_dict(),
+            "results": results,
+            "images": self.images,
+            "num_images": len(self.paths),
+            "labeled": self.labels is not None,
+            "classes": len(self.class_labels),
+            "knn": {"k": metrics.KNN_K, "temperature": metrics.KNN_T, "leave_one_out": True},
+            "passed": self.passed,
+            "skipped": [{"path": p, "reason": why} for p, why in self.skipped],
+            "notes": self.notes,
+        }
+
+
+def judge_embeddings(judge: EmbeddingJudge, names: Sequence[str], outputs: Sequence[np.ndarray],
+                     labels: np.ndarray | None, backends: Sequence[str], precisions: Sequence[str],
+                     seconds: Sequence[float], min_cosine: float | None = None) -> list[EmbeddingResult]:
+    """Every artifact's embeddings against the first's, each candidate held to its precision's budget."""
+    ref = outputs[0]
+    own = judge.compare(ref, ref, labels)  # the reference's own kNN top-1, measured once
+    results = [EmbeddingResult(names[0], backends[0], precisions[0], ref, own, seconds[0])]
+    for i in range(1, len(outputs)):
+        cmp = judge.compare(ref, outputs[i], labels, knn_reference=own.knn_top1)
+        budget = judge.budget(precisions[i], min_cosine)
+        results.append(EmbeddingResult(names[i], backends[i], precisions[i], outputs[i], cmp, seconds[i], budget,
+                                       budget.failures(cmp)))
+    return results
+
+
+def patch_cosine_maps(runners: Sequence[Any], path: str, grid: tuple[int, int]) -> tuple[list[PatchCosine | None], str]:
+    """Each candidate's per-patch cosine to the reference's (the first runner's) patch tokens on one image ([grid]
+    maps; None for the reference and where a candidate has no patch tokens of the reference's shape), and a note
+    when the reference has none."""
+    from vitdeploy.core.preprocess import preprocess_file, resized_uint8
+
+    pp = runners[0].manifest.pp()
+    x = preprocess_file(path, pp)[None]
+    ref = runners[0].run_with_tokens(x)[1]
+    if ref is None:
+        return [None] * len(runners), f"{runners[0].artifact} has no patch tokens: no per-patch cosine map"
+    view = resized_uint8(path, pp)
+    maps: list[PatchCosine | None] = [None]
+    for r in runners[1:]:
+        tokens = r.run_with_tokens(x)[1]
+        if tokens is None or tokens.shape != ref.shape or ref.shape[1] != grid[0] * grid[1]:
+            maps.append(None)
+            continue
+        cos = metrics.compare_embeddings(ref[0], tokens[0]).per_image_cosine.reshape(grid)
+        maps.append(PatchCosine(path, cos, view))
+    return maps, ""
+
+
 def compare(
     name: str,
     logits: np.ndarray,
@@ -226,16 +379,21 @@ def verify(
     progress: Progress | None = None,
     threads: int | None = None,
     device: str = "cpu",
-) -> VerifyReport:
+    min_cosine: float | None = None,
+) -> VerifyReport | EmbeddingVerifyReport:
     """Run every artifact over the same images and compare each candidate with the reference.
 
-    ``tolerance`` None: per the candidate's precision (DEFAULT_TOLERANCES). Returns the report
-    whether or not it passes (``report.passed``); bad inputs raise VitdeployError.
+    ``tolerance`` None: per the candidate's precision (DEFAULT_TOLERANCES). An embedding model is judged by its
+    task's judge (checks/judge.py) against its precision's EmbeddingBudget, ``min_cosine`` replacing the mean-cosine
+    gate; ``tolerance`` (a classifier's |Δlogit| and top-1 agreement) is refused there, and ``min_cosine`` on a
+    classifier. Returns the report whether or not it passes (``report.passed``); bad inputs raise VitdeployError.
     """
     from vitdeploy.checks.compare import require_same_model, run
+    from vitdeploy.checks.judge import judge_for, refuse_classifier_budget
     from vitdeploy.core.artifact import read_onnx_manifest
     from vitdeploy.core.lineage import STALE, remake_command, source_link
     from vitdeploy.core.targets import CPU_TARGETS
+    from vitdeploy.core.task import task_of
     from vitdeploy.model.imageset import ImageSet
     from vitdeploy.runners import BACKENDS_OF_KIND, Runner, artifact_kind, default_backend, open_runner
 
@@ -243,6 +401,8 @@ def verify(
         tolerance = Tolerance.parse(tolerance)
     if batch_size < 1:
         raise UsageError("--batch-size must be at least 1")
+    if min_cosine is not None and not 0.0 < min_cosine <= 1.0:
+        raise UsageError(f"--min-cosine must be in (0, 1], not {min_cosine}")
     artifacts = [Path(reference), *[Path(c) for c in candidates]]
     if len(artifacts) < 2:
         raise UsageError("verify needs a reference and at least one candidate")
@@ -254,6 +414,8 @@ def verify(
 
     runners: list[Runner] = []
     notes: list[str] = []
+    judge: EmbeddingJudge | None = None
+    maps: list[PatchCosine | None] = []
     try:
         # each artifact is loaded once (a checkpoint's manifest costs a full torch.load), and
         # checked against the reference as soon as it is open
@@ -269,7 +431,15 @@ def verify(
                     notes.append(f"{a}: made for {made_for}: run on the TensorRT oracle (int8 GEMMs with int32 "
                                  "accumulation, float parts in the graph's types), not on a CPU runtime")
             runners.append(open_runner(a, backend=use, threads=threads, device=device))
+            if i == 0:  # the task decides the judge, and which budget options mean anything
+                judge = judge_for(runners[0].manifest)
+                if judge is not None and tolerance is not None:
+                    refuse_classifier_budget(runners[0].manifest, "--tolerance")
+                if judge is None and min_cosine is not None:
+                    raise UsageError(f"--min-cosine judges embedding models; {a} is a {task_of(runners[0].manifest).describe()}: "
+                                     "use --tolerance (|Δlogit| and top-1 agreement) instead")
             if i > 0:
+                _require_same_task(str(artifacts[0]), runners[0].manifest, str(a), runners[i].manifest)
                 require_same_model((str(artifacts[0]), runners[0].manifest), (str(a), runners[i].manifest),
                                    "verify compares artifacts of one model")
                 link = source_link(a, runners[i].manifest)  # lineage: never judged silently when it is stale
@@ -277,15 +447,59 @@ def verify(
                     notes.append(f"{a} is stale: made from an earlier {link.source.name if link.source else 'source'}; "
                                  f"re-make it with `{remake_command(a, runners[i].manifest)}`")
         ref_manifest = runners[0].manifest
-        image_set = ImageSet.labeled(images, list(ref_manifest.labels))
+        # an embedding model has no classes: a labelled folder is labelled by its own class folders (for kNN)
+        image_set = ImageSet.labeled(images, None if judge is not None else list(ref_manifest.labels))
         notes += image_set.notes
         res = run(runners, image_set, batch_size, progress)
+        if judge is not None:
+            results = judge_embeddings(judge, [str(a) for a in artifacts], res.logits, res.labels,
+                                       [r.backend for r in runners], [r.precision for r in runners], res.seconds,
+                                       min_cosine)
+            grid = _grid(ref_manifest)
+            if grid is not None and any(task_of(r.manifest).tokens for r in runners):
+                # the image the candidates answer least like the reference: where a per-patch map says the most
+                worst = res.paths[int(np.argmin(np.min([e.comparison.per_image_cosine for e in results[1:]], axis=0)))]
+                maps, why = patch_cosine_maps(runners, worst, grid)
+                if why:
+                    notes.append(why)
     finally:
         for r in runners:
             r.close()
     notes += res.notes
-    results = []
+    if judge is not None:
+        for e, m in zip(results, maps or [None] * len(results), strict=True):
+            e.patches = m
+        return EmbeddingVerifyReport(judge.task, results, res.paths, res.labels, list(image_set.classes or []),
+                                     str(images), res.skipped, notes, grid if any(maps) else None)
+    results_c = []
     for i, (a, r) in enumerate(zip(artifacts, runners, strict=True)):
         tol = None if i == 0 else (tolerance or default_tolerance(r.precision))
-        results.append(compare(str(a), res.logits[i], res.logits[0], res.labels, tol, r.backend, r.precision, res.seconds[i]))
-    return VerifyReport(results, res.paths, res.labels, list(ref_manifest.labels), str(images), res.skipped, notes)
+        results_c.append(compare(str(a), res.logits[i], res.logits[0], res.labels, tol, r.backend, r.precision,
+                                 res.seconds[i]))
+    return VerifyReport(results_c, res.paths, res.labels, list(ref_manifest.labels), str(images), res.skipped, notes)
+
+
+def _grid(manifest: Any) -> tuple[int, int] | None:
+    """The patch grid (rows, columns) a manifest's model cuts its input into, or None where it does not say."""
+    cfg = manifest.model
+    if not cfg or "patch_size" not in cfg:
+        return None
+    h, w = cfg.get("image_size", manifest.input_size)
+    p = int(cfg["patch_size"])
+    return (int(h) // p, int(w) // p)
+
+
+def _require_same_task(ref_name: str, ref: Any, cand_name: str, cand: Any) -> None:
+    """A classifier's embedding export is verified against its own FP32 form, not the classifier: one line saying so."""
+    from vitdeploy.core.errors import IncompatibleArtifact
+    from vitdeploy.core.task import task_of
+
+    rt, ct = task_of(ref), task_of(cand)
+    if ct.is_embedding and not rt.is_embedding:
+        raise IncompatibleArtifact(
+            f"{cand_name} is an {ct.describe()} and {ref_name} a {rt.describe()}: verify an embedding model's copies "
+            f"against its FP32 ONNX model or 0-class checkpoint (e.g. `vitdeploy verify {cand_name} "
+            f"{Path(cand_name).with_suffix('.fp16.onnx')} -i DIR`)")
+    if rt.is_embedding and not ct.is_embedding:
+        raise IncompatibleArtifact(f"{cand_name} is a {ct.describe()} and {ref_name} an {rt.describe()}: "
+                                   "verify compares artifacts of one model")

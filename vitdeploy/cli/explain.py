@@ -64,13 +64,14 @@ def explain(
         result = run(model=model, out_dir=out_dir)
         copies = [run(model=c, out_dir=d) for c, d in zip(others, dirs, strict=True)]
     for ex in result.explanations[:SHOW]:
-        best, score = ex.top[0]
-        console.print(f"{ex.source} → {ex.output}  ({best} {score:.1%})", highlight=False)
+        best = f"  ({ex.top[0][0]} {ex.top[0][1]:.1%})" if ex.top else ""  # an embedding model names no class
+        console.print(f"{ex.source} → {ex.output}{best}", highlight=False)
     if len(result.explanations) > SHOW:
         console.print(f"… and {len(result.explanations) - SHOW} more", highlight=False)
     for path, why in result.skipped:
         err_console.print(f"skipped {path}: {why}", highlight=False)
-    console.print(f"{len(result.explanations)} attention map(s) in {out_dir}/ ({result.note})", highlight=False)
+    console.print(f"{len(result.explanations)} attention map(s) in {out_dir}/ ({result.note}; {result.task})",
+                  highlight=False)
     if copies:
         from rich.table import Table
 
@@ -79,7 +80,8 @@ def explain(
         for col in ("model", "images", "top-1 agree", "max |Δ|", "mean |Δ|", "min corr"):
             t.add_column(col, justify="left" if col == "model" else "right", no_wrap=col == "model")
         for r in rows:
-            t.add_row(Path(r.model).name, str(r.images), f"{r.top1_agreement:.1%}",
+            agree = "—" if r.top1_agreement is None else f"{r.top1_agreement:.1%}"
+            t.add_row(Path(r.model).name, str(r.images), agree,
                       f"{r.max_abs_diff:.2e}", f"{r.mean_abs_diff:.2e}", f"{r.min_correlation:.5f}")
         console.print(t)
         for r, d in zip(rows, dirs, strict=True):

@@ -1,15 +1,18 @@
-"""`vitdeploy infer`: classify image files and folders with any artifact."""
+"""`vitdeploy infer`: classify image files and folders with any artifact; an embedding model's vectors."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from vitdeploy.cli.app import app, check_json_dest, console, emit_json, err_console, handle_errors, text_column
 from vitdeploy.cli.options import JSON_HELP, bounded
 from vitdeploy.core.errors import EXIT_PARTIAL
+
+if TYPE_CHECKING:
+    from vitdeploy.tools.infer import EmbedResult
 
 
 @app.command()
@@ -20,26 +23,52 @@ def infer(
     backend: str = typer.Option("auto", help="auto (the fastest installed for the artifact: OpenVINO for ONNX on a CPU where installed), torch, onnxruntime, openvino or tensorrt."),
     batch_size: int = typer.Option(8, "--batch-size", "-b", **bounded("batch"), help="Images per model call."),
     top_k: int = typer.Option(5, "--top-k", "-k", **bounded("top_k"), help="Classes to report per image (clamped to the number of classes)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the results to FILE.csv or FILE.json instead of a table."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the results to FILE.csv or FILE.json instead of a table. An embedding model's vectors: FILE.npy (with FILE.npy.txt, one file name per line in the rows' order), FILE.json, or FILE.parquet (needs pyarrow); with --gallery also FILE.csv (the kNN labels)."),
+    gallery: Optional[Path] = typer.Option(None, "--gallery", help="An embedding model only: a labelled folder (one sub-folder of images per class) whose nearest images label each image, by DINOv2's weighted kNN vote (k=20, T=0.07)."),
     threads: Optional[int] = typer.Option(None, **bounded("threads"), help="Inference threads (default: one per core)."),
     workers: Optional[int] = typer.Option(None, **bounded("reader_threads"), help="Reader threads decoding images ahead of the model (default: cores, at most 4)."),
     json_out: Optional[str] = typer.Option(None, "--json", metavar="FILE", help=JSON_HELP),
 ) -> None:
-    """Classify images: top-k labels and scores per image; unreadable files are named and skipped (exit 3)."""
+    """Classify images: top-k labels and scores per image; unreadable files are named and skipped (exit 3).
+
+    An embedding model answers a vector per image: written with the file names (-o FILE.npy, .json, .parquet, or
+    --json), and with --gallery DIR labelled by the nearest gallery images."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
     from rich.table import Table
 
+    from vitdeploy.core.task import task_of
     from vitdeploy.core.text import printable
-    from vitdeploy.tools.infer import gather_images, open_model, write_predictions
+    from vitdeploy.tools.infer import (
+        EMBEDDING_SUFFIXES,
+        EmbedResult,
+        check_embedding_output,
+        gather_images,
+        open_model,
+        sidecar_of,
+        write_predictions,
+    )
     from vitdeploy.tools.infer import infer as run_infer
 
+    inputs = [model, *images, gallery]
     if out is not None:
         from vitdeploy.core.fileio import check_output
 
-        check_output(out, [model, *images], suffixes=(".csv", ".json", ".CSV", ".JSON"))
-    check_json_dest(json_out, [model, *images])
+        check_output(out, inputs)
+        if out.suffix.lower() not in EMBEDDING_SUFFIXES:
+            from vitdeploy.core.errors import UsageError
+
+            raise UsageError(f"-o {out}: the name must end in .csv or .json (an embedding model's vectors: .npy, "
+                             ".json or .parquet)")
+        if out.suffix.lower() == ".npy":
+            check_output(sidecar_of(out), inputs)
+    check_json_dest(json_out, inputs)
     paths = gather_images(images)
     runner, notes = open_model(model, backend, threads)
+    try:
+        check_embedding_output(out, task_of(runner.manifest), gallery, runner.artifact)
+    except BaseException:
+        runner.close()
+        raise
     for n in notes:
         err_console.print(n, highlight=False, soft_wrap=True)
     try:
@@ -57,15 +86,18 @@ def infer(
                 if not t0[0]:
                     t0[0] = now
                 rate = done / (now - t0[0]) if now > t0[0] else 0.0
-                prog.update(task, completed=done + skipped,
+                prog.update(task, completed=done + skipped, total=total,
                             info=f"{rate:.1f} images/s" + (f"  {skipped} skipped" if skipped else ""))
 
             result = run_infer(paths, batch_size=batch_size, top_k=top_k, workers=workers,
-                               progress=on_progress, runner=runner)
+                               progress=on_progress, runner=runner, gallery=gallery)
     finally:
         runner.close()
     for n in result.notes:
         err_console.print(f"note: {n}", highlight=False, soft_wrap=True)
+    if isinstance(result, EmbedResult):
+        _show_embeddings(result, out, json_out, inputs)
+        return
     doc = {"model": str(result.model), "backend": result.backend, "precision": result.precision,
            "images_per_second": result.images_per_second, "predictions": [pr.row() for pr in result.predictions],
            "skipped": [{"path": str(p), "why": why} for p, why in result.skipped]}
@@ -95,6 +127,53 @@ def infer(
     err_console.print(
         f"{len(result.predictions)} image(s) classified with {result.model} ({result.backend}, {result.precision}) "
         f"at {result.images_per_second:.1f} images/s"
+        + (f"; {len(result.skipped)} unreadable file(s) skipped" if result.skipped else ""),
+        highlight=False, soft_wrap=True,
+    )
+    if result.skipped:
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def _show_embeddings(result: EmbedResult, out: Optional[Path], json_out: Optional[str], inputs: list) -> None:
+    """An embedding model's answer: the vectors written (-o, --json) or shown (norm and first values), with a gallery
+    the kNN label, its vote share and the nearest gallery image per image."""
+    import numpy as np
+    from rich.table import Table
+
+    from vitdeploy.core.text import printable
+    from vitdeploy.tools.infer import write_embeddings
+
+    dim = result.vectors.shape[1]
+    if emit_json(result.to_dict(), json_out, inputs):
+        pass  # stdout carries the JSON alone
+    elif out is not None:
+        files = write_embeddings(result, out)
+        console.print(f"{len(result.paths)} embeddings ({dim}-d) → {' + '.join(str(f) for f in files)}",
+                      highlight=False, soft_wrap=True)
+    else:
+        t = Table(show_edge=False)
+        t.add_column("path", overflow="fold")
+        if result.predictions is not None and result.neighbours is not None:
+            t.add_column("kNN label")
+            t.add_column("vote", justify="right")
+            t.add_column("next")
+            t.add_column("nearest in the gallery", overflow="fold")
+            for p, pr, nb in zip(result.paths, result.predictions, result.neighbours, strict=True):
+                nxt = "  ".join(f"{printable(lab)} {sc:.2f}" for lab, sc in zip(pr.labels[1:], pr.scores[1:], strict=True))
+                near = f"{printable(nb[0].path)} ({printable(nb[0].label)}, cos {nb[0].cosine:.3f})" if nb else "—"
+                t.add_row(printable(p), printable(pr.label), f"{pr.score:.2f}", nxt, near)
+        else:
+            t.add_column("‖v‖", justify="right")
+            t.add_column(f"first values of {dim}")
+            for p, v in zip(result.paths, result.vectors, strict=True):
+                t.add_row(printable(p), f"{float(np.linalg.norm(v)):.4g}", " ".join(f"{x:+.3f}" for x in v[:6]) + " …")
+        console.print(t)
+    for p, why in result.skipped:
+        err_console.print(f"skipped {printable(p)}: {why}", highlight=False, soft_wrap=True)
+    what = f"labelled by {result.k} neighbours in {result.gallery} ({result.gallery_size} images)" if result.gallery else "embedded"
+    err_console.print(
+        f"{len(result.paths)} image(s) {what} with {result.model} ({result.backend}, {result.precision}; "
+        f"{result.task.describe()}) at {result.images_per_second:.1f} images/s"
         + (f"; {len(result.skipped)} unreadable file(s) skipped" if result.skipped else ""),
         highlight=False, soft_wrap=True,
     )

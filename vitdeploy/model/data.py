@@ -148,10 +148,11 @@ class LabeledImages:
     files: list[Path]
     labels: list[int] | None  # per file, an index into the names; None: not labeled by those names
     notes: list[str] = field(default_factory=list)
+    classes: list[str] = field(default_factory=list)  # the names the labels index
 
 
 def read_labeled_folder(
-    root: str | Path, names: Sequence[str], require: bool = False, of: str = "the model's labels"
+    root: str | Path, names: Sequence[str] | None, require: bool = False, of: str = "the model's labels"
 ) -> LabeledImages:
     """The one reader of labeled folders (verify, the accuracy guard, training's val/ split).
 
@@ -159,7 +160,8 @@ def read_labeled_folder(
     among ``names`` is labeled: each file gets the index of its folder's name. Anything else
     (loose images, or a class folder not among the names) is read as unlabeled images, with a
     note naming the unknown folders; with ``require`` (where accuracy is the point) that is an
-    error naming them instead.
+    error naming them instead. ``names`` None: the folder's own class folders label it (an embedding model has no
+    classes: its kNN accuracy is measured on the folder's).
     """
     r = Path(root)
     if not r.is_dir():
@@ -169,6 +171,8 @@ def read_labeled_folder(
         notes.append(f"{r} has train/ and val/: reading val/")
         r = r / "val"
     classes, items = scan_image_folder(r)
+    if names is None:
+        names = classes
     loose = [p for p in list_images(r) if p.parent == r]
     if not items or loose:
         if require:
@@ -188,7 +192,7 @@ def read_labeled_folder(
         notes.append(f"class folders {listed} are not among {of}: agreement only, no accuracy")
         return LabeledImages(r, [p for p, _ in items], None, notes)
     index = {n: i for i, n in enumerate(names)}
-    return LabeledImages(r, [p for p, _ in items], [index[classes[ci]] for _, ci in items], notes)
+    return LabeledImages(r, [p for p, _ in items], [index[classes[ci]] for _, ci in items], notes, list(names))
 
 
 def _decode(

@@ -58,6 +58,7 @@ class ImageSet:
     names: list[str] | None = None  # how each in-memory item is named in reports
     skipped: list[tuple[str, str]] = field(default_factory=list)  # unreadable files met so far
     notes: list[str] = field(default_factory=list)
+    classes: list[str] | None = None  # the class names ``labels`` index, where a labeled folder gave them
     _kept: dict[str, _Cache] = field(default_factory=dict, repr=False)
     decoded: int = 0  # images decoded so far (each at most once while the set is kept)
 
@@ -86,16 +87,18 @@ class ImageSet:
         return cls(list(files), str(r))
 
     @classmethod
-    def labeled(cls, root: str | Path, names: Sequence[str], require: bool = False) -> ImageSet:
-        """An ImageFolder (or its val/ split) labeled by the model's class names; with ``require`` an unlabeled
-        folder is refused (accuracy is the point), otherwise it is read unlabeled with a note."""
+    def labeled(cls, root: str | Path, names: Sequence[str] | None, require: bool = False) -> ImageSet:
+        """An ImageFolder (or its val/ split) labeled by the model's class names (None: by its own class folders,
+        for an embedding model's kNN); with ``require`` an unlabeled folder is refused (accuracy is the point),
+        otherwise it is read unlabeled with a note."""
         from vitdeploy.model.data import read_labeled_folder
 
         r = Path(root)
         if r.is_file():
             return cls([r], str(r))
-        folder = read_labeled_folder(r, list(names), require=require)
-        return cls(list(folder.files), str(folder.root), folder.labels, notes=list(folder.notes))
+        folder = read_labeled_folder(r, None if names is None else list(names), require=require)
+        return cls(list(folder.files), str(folder.root), folder.labels, notes=list(folder.notes),
+                   classes=folder.classes if folder.labels is not None else None)
 
     @classmethod
     def digits(cls, limit: int | None = None) -> ImageSet:

@@ -18,6 +18,14 @@ from vitdeploy.core.preprocess import to_array
 from vitdeploy.model.family import TokenLayout, pooling
 
 Forward = Callable[[Sequence[Image.Image]], tuple[np.ndarray, list[np.ndarray]]]
+# an embedding model's own pooling (export --pool, ViTConfig.embed_pool) as the map's readout names it
+EMBED_POOL_READS = {"cls": "token", "mean": "avg", "cls+mean": "token_avg"}
+
+
+def reads(cfg: dict[str, Any]) -> str:
+    """What the model's output reads of the tokens: an embedding model's own pooling where it has one (its MAP
+    head, if any, is then not run), else what the head reads (model.family.pooling): token, avg, token_avg or map."""
+    return EMBED_POOL_READS.get(str(cfg.get("embed_pool") or ""), "") or pooling(cfg)
 
 
 @dataclass
@@ -37,10 +45,8 @@ class AttentionModel:
 
     @property
     def pool(self) -> str:
-        """What the head reads (model.family.pooling): token, avg, token_avg or map."""
-        from vitdeploy.model.family import pooling
-
-        return pooling(self.manifest.model)
+        """What the output reads (``reads``): token, avg, token_avg or map."""
+        return reads(self.manifest.model)
 
     @property
     def layout(self) -> TokenLayout:
@@ -62,7 +68,8 @@ def _torch_attention(path: Path) -> AttentionModel:
     def forward(images: Sequence[Image.Image]) -> tuple[np.ndarray, list[np.ndarray]]:
         x = torch.from_numpy(np.stack([to_array(im, pp) for im in images]))
         with torch.inference_mode():
-            if getattr(net, "attn_pool", None) is not None:  # a MAP head: its pooling attention after the blocks'
+            # a MAP head (not bypassed by an embedding model's own pooling): its pooling attention after the blocks'
+            if getattr(net, "attn_pool", None) is not None and not net.cfg.embed_pool:
                 feats, attns = net.forward_features(x, return_attn=True)
                 _, pooled = net.pool(feats, return_attn=True)
                 logits = net.forward_head(feats)
@@ -106,7 +113,7 @@ def _onnx_attention(path: Path, threads: int | None = None) -> AttentionModel:
     model, manifest = art.load_weights(), art.manifest
     names = softmax_outputs(model)
     # one Softmax per block, and one more for an attention-pooling head's query (its map's last entry)
-    depth = int(manifest.model.get("depth", len(names))) + (pooling(manifest.model) == "map")
+    depth = int(manifest.model.get("depth", len(names))) + (reads(manifest.model) == "map")
     if len(names) != depth:
         raise VitdeployError(
             f"{path}: {len(names)} Softmax nodes for {depth} attentions, so the attention cannot be read; "

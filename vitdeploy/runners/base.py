@@ -28,6 +28,12 @@ class Runner(ABC):
     def run(self, batch: np.ndarray) -> np.ndarray:
         """Logits (float32, [N, classes]) for a float32 NCHW batch preprocessed as the manifest says."""
 
+    def run_with_tokens(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The first output (as ``run``) and the patch tokens [N, patches, width] where this artifact has them (an
+        embedding model exported with --tokens, or an embedding checkpoint), else None. ``run`` stays the one array
+        every command reads; verify asks this for its per-patch cosine map."""
+        return self(batch), None
+
     @property
     def max_batch(self) -> int | None:
         """The largest batch one call takes (None: any); larger batches are split by ``__call__``."""

@@ -30,3 +30,17 @@ class TorchRunner(Runner):
         x = self._torch.from_numpy(self.check_input(batch)).to(self.device)
         with self._torch.inference_mode():
             return self.model(x).float().cpu().numpy()
+
+    def run_with_tokens(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """An embedding model with a final norm over every token answers its patch tokens as export --tokens writes
+        them (``WithPatchTokens``); a classifier, or a model pooled by attention (MAP), has none."""
+        from vitdeploy.core.task import task_of
+        from vitdeploy.model.vit import WithPatchTokens
+
+        cfg = self.model.cfg
+        if not task_of(self.manifest).is_embedding or not cfg.final_norm or cfg.global_pool == "map":
+            return super().run_with_tokens(batch)
+        x = self._torch.from_numpy(self.check_input(batch)).to(self.device)
+        with self._torch.inference_mode():
+            first, tokens = WithPatchTokens(self.model)(x)
+        return first.float().cpu().numpy(), tokens.float().cpu().numpy()

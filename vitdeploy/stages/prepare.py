@@ -143,10 +143,15 @@ def _receipt_rows(models: list[Path], labeled: Path | None, target: str | None,
              "agreement": None, "size": p.stat().st_size} for p in models]
     if labeled is None or len(models) < 2:
         return rows
-    from vitdeploy.checks.verify import verify
+    from vitdeploy.checks.verify import EmbeddingVerifyReport, verify
 
     say("verifying on the labeled images")
     rep = verify(models[0], models[1:], labeled)
+    if isinstance(rep, EmbeddingVerifyReport):  # no top-1: an embedding model's figures (checks/judge.py)
+        for row, e in zip(rows, rep.results, strict=True):
+            row.update(backend=e.backend, passed=e.passed, knn_top1=e.knn_top1,
+                       cosine_mean=None if e.is_reference else e.comparison.cosine_mean)
+        return rows
     ref = rep.results[0]
     for row, r in zip(rows, rep.results, strict=True):
         row["top1"] = r.top1

@@ -280,8 +280,10 @@ def render(
     top: Sequence[tuple[str, float]],
     title: str = "",
     note: str = "",
+    headline: str = "",
 ) -> Image.Image:
-    """Input panel | overlay panel, a colour bar and the top predictions in the caption."""
+    """Input panel | overlay panel, a colour bar and the top predictions in the caption (an embedding model, which
+    has no classes: ``headline``, what its vector is)."""
     pw, ph = panel_size((image.height, image.width))
     # small inputs (32x32 digits) are shown as their pixels, large ones smoothly
     interp = Image.Resampling.NEAREST if min(image.size) < PANEL // 2 else Image.Resampling.BICUBIC
@@ -294,7 +296,7 @@ def render(
     draw = ImageDraw.Draw(canvas)
     y = 2 * MARGIN + ph - 4
     big, small = _font(15), _font(12)
-    caption = f"top-{len(top)}:  " + "  ·  ".join(f"{name} ({score:.1%})" for name, score in top)
+    caption = (f"top-{len(top)}:  " + "  ·  ".join(f"{name} ({score:.1%})" for name, score in top)) if top else headline
     draw.text((MARGIN, y), caption, fill="black", font=big)
     if title:
         draw.text((MARGIN, y + 24), title, fill=(90, 90, 90), font=small)
@@ -318,7 +320,7 @@ class Explanation:
     source: Path
     output: Path
     heatmap: np.ndarray  # [gh, gw] in [0, 1]
-    top: list[tuple[str, float]]
+    top: list[tuple[str, float]]  # empty for an embedding model: it has no classes
 
 
 @dataclass
@@ -330,6 +332,7 @@ class ExplainResult:
     precision: str = "fp32"
     backend: str = "torch"
     note: str = ""  # how the map was made and which tokens it leaves out (readout_note)
+    task: str = ""  # what the model answers (core/task.py Task.describe)
 
 
 @dataclass
@@ -340,7 +343,7 @@ class MapAgreement:
     precision: str
     backend: str
     images: int
-    top1_agreement: float
+    top1_agreement: float | None  # None for an embedding model (no classes to agree on)
     max_abs_diff: float
     mean_abs_diff: float
     min_correlation: float
@@ -366,7 +369,8 @@ def compare_maps(reference: ExplainResult, candidate: ExplainResult) -> MapAgree
         precision=candidate.precision,
         backend=candidate.backend,
         images=len(pairs),
-        top1_agreement=float(np.mean([r.top[0][0] == e.top[0][0] for r, e in pairs])),
+        top1_agreement=(float(np.mean([r.top[0][0] == e.top[0][0] for r, e in pairs]))
+                        if all(r.top and e.top for r, e in pairs) else None),
         max_abs_diff=c.max_abs_diff,
         mean_abs_diff=c.mean_abs_diff,
         min_correlation=float(corr.min()),
@@ -447,9 +451,12 @@ def explain(
         raise VitdeployError(f"-o {out_dir}: a file, not a folder; pass a folder for the PNGs")
     paths = gather_images(images)
 
+    from vitdeploy.core.task import task_of
+
     am = open_attention_model(model, threads)
     pp: Preprocess = am.manifest.pp()
     labels = am.manifest.labels
+    task = task_of(am.manifest)  # an embedding model's output is a vector: no feature is ever named as a class
     grid, pool, layout = am.grid, am.pool, am.layout
     note = readout_note(pool, layout)
     out = Path(out_dir)
@@ -458,7 +465,7 @@ def explain(
     title += f" · {Path(model).name} ({am.manifest.precision}, {am.backend})"
     shown_note = note if layout.prefix != 1 or pool != "token" else ""  # the plain ViT's map needs no words
     result = ExplainResult(method=method, model=str(model), precision=am.manifest.precision, backend=am.backend,
-                           note=note)
+                           note=note, task=task.describe())
 
     # the maps are made in a folder beside -o and moved in at the end: a failure (a full disk) leaves none behind
     import shutil
@@ -481,8 +488,9 @@ def explain(
             heat = attention_map(attns, grid, method, head_fusion, discard_ratio, pool, layout)
             order, best = metrics.top_k(metrics.softmax(logits), top_k)
             for j, i in enumerate(keep):
-                top = [(labels[c] if c < len(labels) else str(c), float(p)) for c, p in zip(order[j], best[j], strict=True)]
-                png = render(shown[j], heat[j], top, title, shown_note)
+                top = [] if task.is_embedding else [
+                    (labels[c] if c < len(labels) else str(c), float(p)) for c, p in zip(order[j], best[j], strict=True)]
+                png = render(shown[j], heat[j], top, title, shown_note, headline=task.describe())
                 with atomic_path(staged / names[i].name) as tmp:
                     png.save(tmp, format="PNG")
                 ex = Explanation(paths[i], names[i], heat[j], top)

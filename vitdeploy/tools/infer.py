@@ -3,6 +3,11 @@
 Decoding runs in a small pool of reader threads ahead of the model (``images.iter_batches``),
 so memory stays flat on a folder of any size and the model is not left waiting. A file that
 cannot be decoded is named, skipped and counted; the rest of the run goes on.
+
+An embedding model (its task: core/task.py) answers a vector per image instead of labels: ``embed`` keeps them in
+image order with their file names (written as .npy with a .npy.txt list of the files, .json, or .parquet where
+pyarrow is installed), and with a gallery (a labelled ImageFolder) labels each image by its nearest gallery
+neighbours, DINOv2's weighted kNN vote (checks/metrics: k=20, T=0.07).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vitdeploy.checks import metrics
 from vitdeploy.core.errors import UsageError, VitdeployError
@@ -24,6 +29,11 @@ from vitdeploy.core.naming import precision_from_name
 from vitdeploy.core.preprocess import gather_images  # noqa: F401 (gather_images: the CLI's)
 from vitdeploy.core.text import csv_cell
 from vitdeploy.runners import BACKENDS, artifact_kind, open_runner
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from vitdeploy.core.task import Task
 
 PRECISION_RANK = {"int8": 0, "fp16": 1, "fp32": 2}
 DEFAULT_BATCH_SIZE = 8
@@ -236,13 +246,17 @@ def infer(
     workers: int | None = None,
     progress: Callable[[int, int, int], None] | None = None,
     runner: Any | None = None,
-) -> InferResult:
-    """Top-k predictions for every readable image under ``images``.
+    gallery: str | Path | None = None,
+) -> InferResult | EmbedResult:
+    """Top-k predictions for every readable image under ``images``; for an embedding model, its vectors (``embed``,
+    with kNN labels from ``gallery``).
 
     ``progress(done, skipped, total)`` is called after each batch. An open ``runner`` may be
     passed instead of ``model`` (as benchmark scripts do). Raises VitdeployError when no image
     could be read; the caller decides what skipped files mean (the CLI exits 3).
     """
+    from vitdeploy.core.task import task_of
+
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size}: must be at least 1")
     if top_k < 1:
@@ -253,6 +267,12 @@ def infer(
     if runner is None:
         runner, notes = open_model(model, backend, threads)
     try:
+        if task_of(runner.manifest).is_embedding:
+            return embed(paths, runner, batch_size, top_k, workers, progress, gallery, notes)
+        if gallery is not None:
+            raise UsageError(f"--gallery labels images by an embedding model's nearest neighbours; {runner.artifact} "
+                             f"is a {task_of(runner.manifest).describe()} and labels them itself: drop --gallery "
+                             "(or export its features with `vitdeploy export CKPT --embedding`)")
         labels = list(runner.manifest.labels)
         if top_k > len(labels):
             notes.append(f"--top-k {top_k} is more than the {len(labels)} classes: showing {len(labels)}")
@@ -283,6 +303,259 @@ def infer(
         first = f" (e.g. {printable_name(res.skipped[0][0])}: {res.skipped[0][1]})" if res.skipped else ""
         raise VitdeployError(f"none of the {len(paths)} image(s) could be read{first}")
     return res
+
+
+# --- embedding models ----------------------------------------------------------------------------
+
+NEIGHBOURS_SHOWN = 5  # nearest gallery images kept per image (of the k that vote)
+
+
+@dataclass(frozen=True, slots=True)
+class Neighbour:
+    path: str
+    label: str
+    cosine: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "label": self.label, "cosine": round(self.cosine, 6)}
+
+
+@dataclass
+class EmbedResult:
+    """An embedding model's vectors for the readable images, in order, and with a gallery their kNN labels: each
+    image's classes by the share of the neighbours' weighted vote (``Prediction``: labels and vote shares) and its
+    nearest gallery images."""
+
+    model: Path
+    backend: str
+    precision: str
+    task: Task
+    paths: list[Path]
+    vectors: np.ndarray  # [images, dim] float32, in the order of ``paths``
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    gallery: str | None = None
+    gallery_size: int = 0
+    k: int = metrics.KNN_K
+    predictions: list[Prediction] | None = None  # per image, with a gallery
+    neighbours: list[list[Neighbour]] | None = None
+
+    @property
+    def images_per_second(self) -> float:
+        return len(self.paths) / self.seconds if self.seconds > 0 else 0.0
+
+    def rows(self, vectors: bool = True) -> list[dict[str, Any]]:
+        """One record per image: path, (with a gallery) label, score and label_i/score_i as a classifier's rows plus
+        its nearest gallery images, and the embedding."""
+        out = []
+        for i, p in enumerate(self.paths):
+            r: dict[str, Any] = {"path": printable_name(p)}
+            if self.predictions is not None and self.neighbours is not None:
+                r.update(self.predictions[i].row())
+                r["neighbours"] = [n.to_dict() for n in self.neighbours[i]]
+            if vectors:
+                r["embedding"] = [float(v) for v in self.vectors[i]]
+            out.append(r)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"model": str(self.model), "backend": self.backend, "precision": self.precision,
+                             "task": self.task.to_dict(), "dim": int(self.vectors.shape[1]),
+                             "images_per_second": self.images_per_second}
+        if self.gallery is not None:
+            d["gallery"] = {"folder": self.gallery, "images": self.gallery_size, "k": self.k,
+                            "temperature": metrics.KNN_T}
+        d["embeddings"] = self.rows()
+        d["skipped"] = [{"path": str(p), "why": why} for p, why in self.skipped]
+        return d
+
+
+def _run_vectors(runner: Any, paths: Sequence[Path], batch_size: int, workers: int | None,
+                 on_batch: Callable[[int, list[tuple[Path, str]]], None]) -> tuple[list[Path], np.ndarray,
+                                                                                    list[tuple[Path, str]]]:
+    """The runner's vectors for the readable ``paths`` (in order); a row with NaN or Inf is skipped with a reason."""
+    import numpy as np
+
+    from vitdeploy.core.task import task_of
+
+    kept: list[Path] = []
+    rows: list[np.ndarray] = []
+    skipped: list[tuple[Path, str]] = []
+    for batch in iter_batches(paths, runner.manifest.pp(), batch_size, workers=workers):
+        skipped.extend(batch.skipped)
+        if batch.paths:
+            out = np.asarray(runner(batch.array), np.float32)
+            ok = metrics.finite_rows(out)
+            for p, good in zip(batch.paths, ok, strict=True):
+                if not good:
+                    skipped.append((p, "the model gave NaN or Inf values for it"))
+            kept += [p for p, good in zip(batch.paths, ok, strict=True) if good]
+            rows.append(out[ok])
+        on_batch(len(batch.paths), batch.skipped)
+    dim = task_of(runner.manifest).dim
+    return kept, (np.concatenate(rows) if rows else np.zeros((0, dim), np.float32)), skipped
+
+
+def read_gallery(gallery: str | Path) -> tuple[list[Path], list[int], list[str]]:
+    """A labelled ImageFolder (one sub-folder per class, or its val/ split): files, class index per file, classes."""
+    from vitdeploy.model.data import read_labeled_folder
+
+    g = Path(gallery)
+    if not g.is_dir():
+        raise UsageError(f"--gallery {g}: no such folder; pass a folder with one sub-folder of images per class")
+    try:
+        folder = read_labeled_folder(g, None, require=True, of="its classes")
+    except VitdeployError as e:
+        raise UsageError(f"--gallery: {e}") from None
+    assert folder.labels is not None
+    return list(folder.files), list(folder.labels), folder.classes
+
+
+def embed(
+    paths: Sequence[Path],
+    runner: Any,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    top_k: int = DEFAULT_TOP_K,
+    workers: int | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
+    gallery: str | Path | None = None,
+    notes: list[str] | None = None,
+) -> EmbedResult:
+    """An embedding model's vector for every readable image in ``paths``; with ``gallery``, each image's kNN labels
+    (the top_k classes by their share of the k=20 neighbours' exp(cos/T) votes) and its nearest gallery images. A
+    query that is itself a gallery file never votes for itself."""
+    import numpy as np
+
+    from vitdeploy.core.task import task_of
+
+    g_files, g_labels, classes = read_gallery(gallery) if gallery is not None else ([], [], [])
+    check_batch_fits(runner.manifest, batch_size)
+    total = len(paths) + len(g_files)
+    state = {"done": 0, "skipped": 0}
+
+    def on_batch(n: int, skipped: list[tuple[Path, str]]) -> None:
+        state["done"] += n
+        state["skipped"] += len(skipped)
+        if progress:
+            progress(state["done"], state["skipped"], total)
+
+    t0 = time.perf_counter()
+    kept, vectors, skipped = _run_vectors(runner, paths, batch_size, workers, on_batch)
+    seconds = time.perf_counter() - t0
+    res = EmbedResult(runner.artifact, runner.backend, runner.precision, task_of(runner.manifest), kept, vectors,
+                      skipped, seconds, list(notes or []))
+    if not kept:
+        first = f" (e.g. {printable_name(skipped[0][0])}: {skipped[0][1]})" if skipped else ""
+        raise VitdeployError(f"none of the {len(paths)} image(s) could be read{first}")
+    if gallery is None:
+        return res
+    g_kept, g_vectors, g_skipped = _run_vectors(runner, g_files, batch_size, workers, on_batch)
+    for p, why in g_skipped:
+        res.notes.append(f"gallery image {printable_name(p)} skipped: {why}")
+    if not g_kept:
+        raise VitdeployError(f"--gallery {gallery}: none of its {len(g_files)} image(s) could be read")
+    label_of = dict(zip(g_files, g_labels, strict=True))
+    y = np.asarray([label_of[p] for p in g_kept], np.int64)
+    index = {p.resolve(): i for i, p in enumerate(g_kept)}
+    exclude = np.asarray([index.get(p.resolve(), -1) for p in kept], np.int64)
+    if (exclude >= 0).any():
+        res.notes.append(f"{int((exclude >= 0).sum())} image(s) are gallery images too: each is labelled by the "
+                         "other gallery images (leave-one-out)")
+    show = min(top_k, len(classes))
+    if top_k > len(classes):
+        res.notes.append(f"--top-k {top_k} is more than the gallery's {len(classes)} classes: showing {len(classes)}")
+    res.gallery, res.gallery_size, res.predictions, res.neighbours = str(gallery), len(g_kept), [], []
+    for s, idx, sim in metrics.knn_neighbours(g_vectors, vectors, metrics.KNN_K, exclude=exclude):
+        res.k = idx.shape[1]
+        scores = metrics.knn_votes(idx, sim, y, len(classes))
+        share = scores / np.maximum(scores.sum(axis=1, keepdims=True), 1e-300)
+        top, val = metrics.top_k(share, show)
+        for j in range(len(idx)):
+            res.predictions.append(Prediction(kept[s + j], [classes[c] for c in top[j]], [float(v) for v in val[j]]))
+            res.neighbours.append([Neighbour(printable_name(g_kept[n]), classes[int(y[n])], float(c))
+                                   for n, c in zip(idx[j, :NEIGHBOURS_SHOWN], sim[j, :NEIGHBOURS_SHOWN], strict=True)
+                                   if np.isfinite(c)])
+    return res
+
+
+EMBEDDING_SUFFIXES = (".npy", ".json", ".parquet", ".csv")
+
+
+def check_embedding_output(out: str | Path | None, task: Task, gallery: str | Path | None, model: str | Path) -> None:
+    """Refuse, before any image is read, an -o the task cannot fill (one line, exit 2): a classifier's labels are
+    .csv/.json; an embedding model's vectors .npy (with a .npy.txt list of the files), .json or .parquet (pyarrow),
+    and .csv only for its kNN labels (--gallery)."""
+    if out is None:
+        return
+    suffix = Path(out).suffix.lower()
+    if not task.is_embedding:
+        if suffix in (".npy", ".parquet"):
+            raise UsageError(f"-o {out} holds an embedding model's vectors; {model} is a {task.describe()}: write "
+                             ".csv or .json (or export its features with `vitdeploy export CKPT --embedding`)")
+        return
+    if suffix == ".csv" and gallery is None:
+        raise UsageError(f"-o {out}: {model} is an {task.describe()}; a .csv holds kNN labels (pass --gallery DIR), "
+                         "its vectors go to .npy (with a .npy.txt list of the files), .json or .parquet")
+    if suffix == ".parquet" and importlib.util.find_spec("pyarrow") is None:
+        raise UsageError(f"-o {out}: writing Parquet needs pyarrow (pip install pyarrow); or write .npy (the vectors, "
+                         f"with {Path(out).name}.txt naming the files) or .json")
+    if suffix not in EMBEDDING_SUFFIXES:
+        raise UsageError(f"-o {out}: write .npy, .json or .parquet (or .csv with --gallery)")
+
+
+def sidecar_of(path: str | Path) -> Path:
+    """The file-name list beside a .npy of vectors: one file name per line, in the rows' order."""
+    return Path(f"{path}.txt")
+
+
+def write_embeddings(result: EmbedResult, path: str | Path) -> list[Path]:
+    """Write the vectors with their file names, atomically: .npy + .npy.txt (one name per line, the rows' order;
+    names printable, escapes for controls), .parquet (columns path, embedding[, label, score]), .json (the rows:
+    path, embedding, with a gallery label/score/label_i/score_i and neighbours) or, with a gallery, .csv (the kNN
+    labels, as a classifier's predictions). Returns the files written."""
+    import numpy as np
+
+    from vitdeploy.core.text import printable
+
+    p = Path(path)
+    suffix = p.suffix.lower()
+    names = [printable(printable_name(q)) for q in result.paths]
+    if suffix == ".npy":
+        side = sidecar_of(p)
+        with atomic_path(p) as tmp, atomic_path(side) as tmp_side:
+            with open(tmp, "wb") as f:
+                np.save(f, np.ascontiguousarray(result.vectors, np.float32))
+            tmp_side.write_text("".join(n + "\n" for n in names), encoding="utf-8")
+        return [p, side]
+    if suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        cols: dict[str, Any] = {"path": names,
+                                "embedding": pa.FixedSizeListArray.from_arrays(
+                                    pa.array(result.vectors.reshape(-1), pa.float32()), result.vectors.shape[1])}
+        if result.predictions is not None:
+            cols["label"] = [pr.label for pr in result.predictions]
+            cols["score"] = [pr.score for pr in result.predictions]
+        with atomic_path(p) as tmp:
+            pq.write_table(pa.table(cols), str(tmp))
+        return [p]
+    if suffix == ".csv":
+        if result.predictions is None:
+            raise UsageError(f"-o {p}: a .csv holds kNN labels: pass --gallery DIR (vectors: .npy, .json, .parquet)")
+        write_predictions(InferResult(result.model, result.backend, result.precision,
+                                      len(result.predictions[0].labels) if result.predictions else 1,
+                                      result.predictions), p)
+        return [p]
+    if suffix != ".json":
+        raise UsageError(f"-o {p}: write .npy, .json or .parquet (or .csv with --gallery)")
+    with atomic_path(p) as tmp, tmp.open("w", encoding="utf-8") as f:
+        f.write("[")
+        for i, row in enumerate(result.rows()):
+            f.write(("," if i else "") + "\n " + strict_json(row, indent=None))
+        f.write("\n]\n")
+    return [p]
 
 
 def batch_bytes(manifest: Any, batch_size: int) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitdeploy.core.errors import UnreadableArtifact, UsageError
+from vitdeploy.core.errors import UnreadableArtifact, UsageError, VitdeployError
 from vitdeploy.core.manifest import Manifest
 from vitdeploy.core.text import printable_list
 
@@ -70,7 +70,6 @@ def _task_fields(m: Manifest) -> dict[str, Any]:
 
 def _task(m: Manifest) -> tuple[Any, str]:
     """The task and its line; a damaged task entry is said, not raised (info shows what it can)."""
-    from vitdeploy.core.errors import VitdeployError
     from vitdeploy.core.task import task_of
 
     try:
@@ -208,7 +207,8 @@ def describe(i: ArtifactInfo) -> list[str]:
     m = i.manifest
     pp = m.pp()
     h, w = pp.input_size
-    labels = printable_list(m.labels[:10])  # a label is one field on one line: newlines and controls escaped + (f", … ({len(m.labels)} in all)" if len(m.labels) > 10 else "")
+    # a label is one field on one line: newlines and controls escaped
+    labels = printable_list(m.labels[:10]) + (f", … ({len(m.labels)} in all)" if len(m.labels) > 10 else "")
     task, task_line = _task(m)
     lines = [
         f"{i.path}  ({i.kind}, {m.precision}, target {m.target or 'none (the default graph)'})",

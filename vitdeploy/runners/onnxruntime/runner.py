@@ -10,6 +10,7 @@ import numpy as np
 from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.core.manifest import Manifest
+from vitdeploy.core.task import TOKENS_OUTPUT
 from vitdeploy.runners.base import Runner
 from vitdeploy.runners.onnxruntime.loader import session
 
@@ -39,14 +40,22 @@ class OnnxRuntimeRunner(Runner):
             )
         self.input_name = inp.name
         self.input_type = inp.type
-        self.output_name = self.session.get_outputs()[0].name
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.output_name = self.output_names[0]
+
+    def _feed(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+        x = self.check_input(batch)
+        return {self.input_name: x.astype(np.float16) if self.input_type == "tensor(float16)" else x}
 
     def run(self, batch: np.ndarray) -> np.ndarray:
-        x = self.check_input(batch)
-        if self.input_type == "tensor(float16)":
-            x = x.astype(np.float16)
-        out = self.session.run([self.output_name], {self.input_name: x})[0]
+        out = self.session.run([self.output_name], self._feed(batch))[0]
         return np.asarray(out, dtype=np.float32)
+
+    def run_with_tokens(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        if TOKENS_OUTPUT not in self.output_names[1:]:
+            return super().run_with_tokens(batch)
+        first, tokens = self.session.run([self.output_name, TOKENS_OUTPUT], self._feed(batch))
+        return np.asarray(first, dtype=np.float32), np.asarray(tokens, dtype=np.float32)
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()

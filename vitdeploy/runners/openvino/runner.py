@@ -44,6 +44,15 @@ class OpenVinoRunner(Runner):
         self.request.infer({0: x})
         return np.array(self.request.get_output_tensor(0).data, dtype=np.float32)
 
+    def run_with_tokens(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        from vitdeploy.core.task import TOKENS_OUTPUT
+
+        at = [i for i, o in enumerate(self.compiled.outputs) if i and TOKENS_OUTPUT in o.get_names()]
+        if not at:
+            return super().run_with_tokens(batch)
+        first = self.run(batch)
+        return first, np.array(self.request.get_output_tensor(at[0]).data, dtype=np.float32)
+
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d["config"] = dict(self.config)

@@ -601,6 +601,15 @@ class OracleRunner(Runner):
         x = self.check_input(batch)
         return np.asarray(self.session.run({self.input_name: x})[0], dtype=np.float32)
 
+    def run_with_tokens(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        from vitdeploy.core.task import TOKENS_OUTPUT
+
+        if TOKENS_OUTPUT not in self.session.outputs[1:]:
+            return super().run_with_tokens(batch)
+        outs = self.session.run({self.input_name: self.check_input(batch)})
+        tokens = outs[self.session.outputs.index(TOKENS_OUTPUT)]
+        return np.asarray(outs[0], dtype=np.float32), np.asarray(tokens, dtype=np.float32)
+
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d.update(target=self.target, int8_gemms=len(self.lowered.fused), pinned_fp32=len(self.lowered.pinned))
