@@ -5,7 +5,7 @@ so memory stays flat on a folder of any size and the model is not left waiting. 
 cannot be decoded is named, skipped and counted; the rest of the run goes on.
 
 An embedding model (its task: core/task.py) answers a vector per image instead of labels: ``embed`` keeps them in
-image order with their file names (written as .npy with a .npy.txt list of the files, .json, or .parquet where
+image order with their file names (written as .npy with a .files.txt list of the files, .json, or .parquet where
 pyarrow is installed), and with a gallery (a labelled ImageFolder) labels each image by its nearest gallery
 neighbours, DINOv2's weighted kNN vote (checks/metrics: k=20, T=0.07).
 """
@@ -484,7 +484,7 @@ EMBEDDING_SUFFIXES = (".npy", ".json", ".parquet", ".csv")
 
 def check_embedding_output(out: str | Path | None, task: Task, gallery: str | Path | None, model: str | Path) -> None:
     """Refuse, before any image is read, an -o the task cannot fill (one line, exit 2): a classifier's labels are
-    .csv/.json; an embedding model's vectors .npy (with a .npy.txt list of the files), .json or .parquet (pyarrow),
+    .csv/.json; an embedding model's vectors .npy (with a .files.txt list of the files), .json or .parquet (pyarrow),
     and .csv only for its kNN labels (--gallery)."""
     if out is None:
         return
@@ -496,7 +496,7 @@ def check_embedding_output(out: str | Path | None, task: Task, gallery: str | Pa
         return
     if suffix == ".csv" and gallery is None:
         raise UsageError(f"-o {out}: {model} is an {task.describe()}; a .csv holds kNN labels (pass --gallery DIR), "
-                         "its vectors go to .npy (with a .npy.txt list of the files), .json or .parquet")
+                         "its vectors go to .npy (with a .files.txt list of the files), .json or .parquet")
     if suffix == ".parquet" and importlib.util.find_spec("pyarrow") is None:
         raise UsageError(f"-o {out}: writing Parquet needs pyarrow (pip install pyarrow); or write .npy (the vectors, "
                          f"with {Path(out).name}.txt naming the files) or .json")
@@ -505,12 +505,14 @@ def check_embedding_output(out: str | Path | None, task: Task, gallery: str | Pa
 
 
 def sidecar_of(path: str | Path) -> Path:
-    """The file-name list beside a .npy of vectors: one file name per line, in the rows' order."""
-    return Path(f"{path}.txt")
+    """The file-name list beside a .npy of vectors: one file name per line, in the rows' order; emb.npy →
+    emb.files.txt, the name the bundle's run.py and C++ example write too."""
+    p = Path(path)
+    return p.with_name(p.name[: -len(p.suffix)] + ".files.txt")
 
 
 def write_embeddings(result: EmbedResult, path: str | Path) -> list[Path]:
-    """Write the vectors with their file names, atomically: .npy + .npy.txt (one name per line, the rows' order;
+    """Write the vectors with their file names, atomically: .npy + .files.txt (one name per line, the rows' order;
     names printable, escapes for controls), .parquet (columns path, embedding[, label, score]), .json (the rows:
     path, embedding, with a gallery label/score/label_i/score_i and neighbours) or, with a gallery, .csv (the kNN
     labels, as a classifier's predictions). Returns the files written."""
