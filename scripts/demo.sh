@@ -80,3 +80,23 @@ BENCH=(ckpt.pth)
 for f in model.onnx model.fp16.onnx model.int8.onnx; do [ -f "$f" ] && BENCH+=("$f"); done
 vitdeploy benchmark "${BENCH[@]}" --batch-sizes 1,32 --seconds 2 --json benchmark.json
 echo "predictions:    $(pwd)/predictions.csv, speed: $(pwd)/benchmark.json"
+# --- the digits ViT as an embedding model (issue 36): its pre-logits features, judged by cosine and kNN
+echo
+echo "== vitdeploy export --embedding: the same ViT as an embedding model (output embedding [batch, 96], L2-normalised)"
+[ -d digits/val ] || vitdeploy datasets digits digits > /dev/null
+vitdeploy export ckpt.pth --embedding --normalize -o embed.onnx -i digits/val
+vitdeploy convert-fp16 embed.onnx
+echo
+echo "== vitdeploy calibrate --min-cosine: INT8 held to a mean per-image cosine of 0.99 to FP32 (with the p1 and"
+echo "   nearest-neighbour gates of the INT8 budget) on digits/val"
+vitdeploy calibrate embed.onnx --eval digits/val --min-cosine 0.99
+echo
+echo "== vitdeploy verify: per-image cosine, nearest-neighbour agreement and kNN top-1 (k=20, T=0.07) beside FP32's"
+vitdeploy verify embed.onnx embed.fp16.onnx embed.int8.onnx --images digits/val --json verify-embedding.json \
+  || echo "(verify exited $?: a candidate is outside its budget; verify-embedding.json has every figure)"
+echo
+echo "== vitdeploy infer --gallery: each val image labelled by its 20 nearest train images (DINOv2's weighted kNN)"
+[ -d digits/train ] || vitdeploy datasets digits digits > /dev/null
+vitdeploy infer digits/val -m embed.onnx --gallery digits/train -o knn-labels.csv
+vitdeploy infer digits/val -m embed.onnx -o embeddings.npy
+echo "embeddings:     $(pwd)/embeddings.npy (+ embeddings.files.txt), kNN labels: $(pwd)/knn-labels.csv"

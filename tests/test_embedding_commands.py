@@ -173,7 +173,7 @@ def test_verify_refuses_budgets_of_the_other_task(emb: Path, digits_ckpt: Path, 
 def test_infer_writes_vectors_with_their_file_names(emb: Path, digits_val10: Path, tmp_path: Path) -> None:
     out = tmp_path / "e.npy"
     text = run_ok("infer", str(digits_val10), "-m", str(emb / "emb.onnx"), "--backend", "onnxruntime", "-o", str(out))
-    assert f"100 embeddings (96-d) → {out} + {out}.txt" in text
+    assert f"100 embeddings (96-d) → {out} + {tmp_path / 'e.files.txt'}" in text
     names = (tmp_path / "e.files.txt").read_text().splitlines()
     vectors = np.load(out)
     assert vectors.shape == (100, 96) and vectors.dtype == np.float32 and len(names) == 100
