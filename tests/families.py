@@ -7,6 +7,7 @@ models set them (vision_transformer.py, eva.py, beit.py). The suite trains each 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -89,3 +90,18 @@ def scaled_residual(model: Any, c: float) -> Any:
             if isinstance(norm, torch.nn.LayerNorm):
                 norm.eps *= c * c
     return m
+
+
+def export_in_memory(model: Any, manifest: Any, out: Path) -> Path:
+    """The product's export steps (LayerScale folded into the Linear before it, TorchScript export, then its cleanup)
+    on a model in memory: a rewritten model's per-LayerNorm ε cannot be said in a checkpoint's config. The graph's
+    outputs are the manifest's task's (logits, or embedding [and patch_tokens]), as `vitdeploy export` names them."""
+    from vitdeploy.core.artifact import OnnxArtifact
+    from vitdeploy.core.task import task_of
+    from vitdeploy.model.vit import fold_layer_scale
+    from vitdeploy.stages.export import _clean, _torch_export
+
+    h, w = manifest.input_size
+    raw = _torch_export(fold_layer_scale(model), out.parent, h, w, 17, task_of(manifest).outputs)
+    OnnxArtifact.write(_clean(raw, manifest, 17), manifest.derive(precision="fp32"), out)
+    return out

@@ -99,7 +99,8 @@ def pool_of(model: dict[str, Any]) -> str:
         return str(model["embed_pool"])
     if model.get("distilled"):
         return "distilled"
-    gp = model.get("global_pool") or {"cls": "token", "mean": "avg"}.get(model.get("pool", "cls"), "token")
+    legacy = str(model.get("pool", "cls"))  # the manifest's older name: cls, mean, or timm's own (map, token_avg)
+    gp = model.get("global_pool") or {"cls": "token", "mean": "avg"}.get(legacy, legacy)
     return {"token": "cls", "token_avg": "cls+mean"}.get(gp, gp)
 
 
