@@ -17,14 +17,22 @@ The stress rewrites (tests/families.py, tests/helpers.py, as test_family_precisi
 overflow), and a 50× spread of four LayerNorm output channels at every LayerNorm → GEMM (per-tensor INT8's enemy).
 
 Figures held, per family and target: FP16 (convert-fp16, float32 islands where numerics measures float16 overflow)
-on the trt10 and trt8.6 oracles: mean cosine ≥ 0.999, 1st percentile ≥ 0.995; INT8 by calibrate with the guard
-(--eval the digits val, --min-cosine 0.99: the embedding budget of checks/judge.py) on the trt10 oracle: mean cosine
-≥ 0.99, 1st percentile ≥ 0.97, nearest-neighbour agreement ≥ 97%. The same FP16 conversion without the measured
-float32 islands falls far below the bar, so the stress is real and the tests can fail.
+on the trt10 and trt8.6 oracles: mean cosine ≥ 0.999, 1st percentile ≥ 0.995. INT8 by calibrate with the guard
+(--eval the digits val, --min-cosine 0.99: the embedding budget of checks/judge.py) on the trt10 oracle (trt8.6 with
+VITDEPLOY_SLOW=1): mean cosine ≥ 0.99, 1st percentile ≥ 0.97, nearest-neighbour agreement ≥ 97%; with every layer
+quantized the stress misses that budget, so the guard has work to do. The same FP16 conversion without the measured
+float32 islands falls far below the FP16 bar, so the stress is real and the tests can fail.
+
+Nearest-neighbour agreement is the fragile figure: on these 360 images an image's nearest and second-nearest
+neighbours differ in cosine by under 1.7e-4 for 5% of them (under 8e-6 for the SigLIP-style model, whose MAP vectors
+lie closer together), so even FP16 (mean cosine 1.000000) moves 1-4 of them; the guard keeps layers in float until
+it holds on the --eval images, and the test measures the file written on the same images (the figure is the eval
+set's, as a user's `calibrate --eval val` then `verify -i val` sees it).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +51,10 @@ CHANNELS = [3, 17, 42, 77]
 FP16 = {"min_cosine": 0.999, "min_cosine_p1": 0.995}  # the issue's FP16 bar (TensorRT-Model-Connect's gates)
 INT8 = {"min_cosine": 0.99, "min_cosine_p1": 0.97, "min_nn_agreement": 0.97}  # the issue's INT8 bar
 FAMILY_NAMES = ("clip", "siglip", "dinov2")
+# INT8 for trt8.6 (float32 scales, float16 float parts around float32 quantized layers) passes too, at 2.2 CPU-min
+# more for the three families (measured): run with VITDEPLOY_SLOW=1
+SLOW = pytest.mark.skipif(not os.environ.get("VITDEPLOY_SLOW"),
+                          reason="INT8 trt8.6 of the three embedding models (2.2 CPU-min): set VITDEPLOY_SLOW=1")
 
 
 def _checkpoint(family: str) -> Path:
@@ -160,7 +172,7 @@ def test_fp16_without_the_measured_islands_breaks_on_the_stress(stressed: Stress
     assert c.cosine_mean < FP16["min_cosine"] and c.cosine_p1 < FP16["min_cosine_p1"], stressed.name
 
 
-@pytest.mark.parametrize("target", ["trt10"])
+@pytest.mark.parametrize("target", ["trt10", pytest.param("trt8.6", marks=SLOW)])
 def test_int8_with_the_guard_meets_the_embedding_budget_on_the_oracle(stressed: Stressed, target: str,
                                                                       digits_folder: Path, tmp_path: Path) -> None:
     from vitdeploy.stages.precision import calibrate
@@ -259,10 +271,11 @@ def test_the_guards_criterion_is_the_tasks(digits_embedding: Path, digits_onnx: 
     assert isinstance(plain, EmbeddingCriterion) and not plain.active
 
 
-def test_cli_calibrate_reports_an_embedding_models_figures(digits_embedding: Path, digits_folder: Path,
-                                                           tmp_path: Path) -> None:
+def test_cli_calibrate_and_convert_fp16_on_an_embedding_model(digits_embedding: Path, digits_folder: Path,
+                                                               tmp_path: Path) -> None:
     """`calibrate --eval DIR --min-cosine` on an embedding model (a CPU target: judged on ONNX Runtime) prints the
-    cosine figures, not top-1, and the manifest's guard entry records them with the budget."""
+    cosine figures, not top-1, and the manifest's guard entry records them with the budget; `convert-fp16` keeps the
+    task and the output."""
     from typer.testing import CliRunner
 
     from vitdeploy.cli import app
@@ -277,3 +290,8 @@ def test_cli_calibrate_reports_an_embedding_models_figures(digits_embedding: Pat
     print(f"\ndigits ViT --embedding, INT8 -t cpu on ONNX Runtime: {g['after']}, kept in float: {g['excluded']}")
     assert g["judged_as"] == "embedding" and g["met"] and g["min_cosine"] == 0.99 and g["backend"] == "onnxruntime"
     assert g["after"]["images"] == 360 and g["after"]["cosine_mean"] >= 0.99 and g["after"]["knn_top1"] is not None
+    fp16 = tmp_path / "model.fp16.onnx"
+    res = CliRunner().invoke(app, ["convert-fp16", str(digits_embedding), "-o", str(fp16), "-t", "trt10"])
+    assert res.exit_code == 0, res.output
+    assert read_onnx_manifest(fp16).extra["task"] == read_onnx_manifest(digits_embedding).extra["task"]
+    assert [o.name for o in onnx.load(str(fp16)).graph.output] == ["embedding"]
