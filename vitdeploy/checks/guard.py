@@ -26,9 +26,6 @@ from vitdeploy.graph.quantize import LayerSwitch
 from vitdeploy.runners.base import Runner
 
 SENSITIVITY_IMAGES = 256
-# An embedding model's layers are ranked on fewer images: every image gives a continuous error (1 − cosine), where a
-# classifier's probe rests on a squared logit error whose tail (the images near a decision boundary) needs more.
-EMBEDDING_SENSITIVITY_IMAGES = 64
 
 
 @dataclass
@@ -270,7 +267,7 @@ class EmbeddingCriterion:
     judge: EmbeddingJudge
     budget_: EmbeddingBudget | None = None
     max_knn_drop: float | None = None
-    sensitivity_images: int = EMBEDDING_SENSITIVITY_IMAGES
+    sensitivity_images: int = SENSITIVITY_IMAGES
 
     @property
     def active(self) -> bool:
