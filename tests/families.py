@@ -109,3 +109,18 @@ def small_export(name: str, out: Path) -> Path:
                    name=f"digits-{name}")
     OnnxArtifact.write(_clean(_torch_export(net, out.parent, 32, 32, 17), man, 17), man.derive(precision="fp32"), out)
     return out
+
+
+def export_in_memory(model: Any, manifest: Any, out: Path) -> Path:
+    """The product's export steps (LayerScale folded into the Linear before it, TorchScript export, then its cleanup)
+    on a model in memory: a rewritten model's per-LayerNorm ε cannot be said in a checkpoint's config. The graph's
+    outputs are the manifest's task's (logits, or embedding [and patch_tokens]), as `vitdeploy export` names them."""
+    from vitdeploy.core.artifact import OnnxArtifact
+    from vitdeploy.core.task import task_of
+    from vitdeploy.model.vit import fold_layer_scale
+    from vitdeploy.stages.export import _clean, _torch_export
+
+    h, w = manifest.input_size
+    raw = _torch_export(fold_layer_scale(model), out.parent, h, w, 17, task_of(manifest).outputs)
+    OnnxArtifact.write(_clean(raw, manifest, 17), manifest.derive(precision="fp32"), out)
+    return out

@@ -23,7 +23,7 @@ import artifact_cache
 import numpy as np
 import onnx
 import pytest
-from families import FAMILIES, knobs, scaled_residual
+from families import FAMILIES, export_in_memory, knobs, scaled_residual
 from helpers import with_spread
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,19 +32,6 @@ PEAK = 1.2e5  # the rewritten stream's peak |x|: past float16's 65504, so the re
 K = 50.0
 CHANNELS = [3, 17, 42, 77]
 MIN_AGREEMENT = 0.98
-
-
-def _export(model: object, manifest: object, out: Path) -> Path:
-    """The product's export steps (LayerScale folded into the Linear before it, TorchScript export, then its cleanup)
-    on a model in memory: the rewritten model's per-LayerNorm ε cannot be said in a checkpoint's config."""
-    from vitdeploy.core.artifact import OnnxArtifact
-    from vitdeploy.model.vit import fold_layer_scale
-    from vitdeploy.stages.export import _clean, _torch_export
-
-    h, w = manifest.input_size  # type: ignore[attr-defined]
-    m = _clean(_torch_export(fold_layer_scale(model), out.parent, h, w, 17), manifest, 17)  # type: ignore[arg-type]
-    OnnxArtifact.write(m, manifest.derive(precision="fp32"), out)  # type: ignore[attr-defined]
-    return out
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -56,11 +43,11 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     shutil.copy2(artifact_cache.family_ckpt_entry(name, knobs(name)) / "ckpt.pth", d / "ckpt.pth")
     ck = load_checkpoint(d / "ckpt.pth")
     net = ck.build()
-    _export(net, ck.manifest, d / "model.onnx")
+    export_in_memory(net, ck.manifest, d / "model.onnx")
     from vitdeploy.checks.numerics import numerics
 
     peak = max(t.max_abs for t in numerics(d / "model.onnx", CALIB, num_images=32).tensors if t.role == "residual_add")
-    _export(scaled_residual(net, PEAK / peak), ck.manifest, d / "big.onnx")
+    export_in_memory(scaled_residual(net, PEAK / peak), ck.manifest, d / "big.onnx")
     spread = with_spread(onnx.load(str(d / "model.onnx")), K, CHANNELS)
     from vitdeploy.core.manifest import set_onnx_manifest
 

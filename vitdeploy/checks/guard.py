@@ -1,10 +1,12 @@
-"""The accuracy guard: top-1 of the INT8 graph against the FP32 one on labeled images, and the layers to keep in float.
+"""The accuracy guard: the INT8 graph against the FP32 one on --eval images, and the layers to keep in float.
 
-When the drop exceeds the budget, every quantized layer is scored alone
-(only that layer quantized: how far its logits move from FP32's), and the
-worst are put back in float one at a time, re-measuring top-1 after each,
-until the drop fits or nothing is left to exclude. Everything runs in ONNX
-Runtime on the CPU, before any GPU is involved.
+What is measured and what budget it must meet is the model's task's (checks/judge.py, one place): for a classifier
+the top-1 drop on labeled images and the top-1 agreement (``ClassifierCriterion``); for an embedding model the
+per-image cosine to FP32 (mean, 1st percentile) and nearest-neighbour agreement of ``EmbeddingBudget``, and on a
+labeled folder the kNN top-1 drop too (``EmbeddingCriterion``). When the budget is missed, every quantized layer is
+scored alone (only that layer quantized: how far its output moves from FP32's), and the worst are put back in float
+one at a time, re-measuring after each, until the budget fits or nothing is left to exclude. Everything runs on the
+CPU (ONNX Runtime, OpenVINO, or the TensorRT oracle for a TensorRT target), before any GPU is involved.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from vitdeploy.checks.metrics import compare, top_k_accuracy
-from vitdeploy.core.errors import VitdeployError
+from vitdeploy.checks.judge import EmbeddingBudget, EmbeddingJudge, judge_for, refuse_classifier_budget
+from vitdeploy.checks.metrics import EmbeddingComparison, compare, top_k_accuracy
+from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.manifest import Manifest
 from vitdeploy.graph.quantize import LayerSwitch
 from vitdeploy.runners.base import Runner
@@ -27,21 +30,52 @@ SENSITIVITY_IMAGES = 256
 
 @dataclass
 class EvalSet:
-    """Labeled images, preprocessed once (float32 NCHW) and labels as model class indices."""
+    """The --eval images, preprocessed once (float32 NCHW), and their labels: the model's class indices for a
+    classifier; for an embedding model the folder's own class folders (None for a folder without them)."""
 
     x: np.ndarray
-    y: np.ndarray
+    y: np.ndarray | None
     root: Path
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
+    @property
+    def labels(self) -> np.ndarray:
+        """The labels, where the judgement needs them (a classifier's eval set always has them)."""
+        if self.y is None:
+            raise VitdeployError(f"{self.root} has no class folders: top-1 needs labeled images")
+        return self.y
+
+
+def _own_classes(root: Path) -> list[str]:
+    """The class folders of an ImageFolder (or of its val/ split, as read_labeled_folder reads it)."""
+    from vitdeploy.model.data import scan_image_folder
+
+    r = root / "val" if (root / "val").is_dir() and (root / "train").is_dir() else root
+    return scan_image_folder(r)[0] if r.is_dir() else []
+
+
+def eval_is_labeled(root: str | Path) -> bool:
+    """Whether an embedding model's --eval folder is labeled (by its own class folders), read before any work: a
+    top-1 budget (--max-drop) on an embedding model means the kNN top-1 drop, which needs labels."""
+    from vitdeploy.model.data import read_labeled_folder
+
+    r = Path(root)
+    classes = _own_classes(r)
+    return bool(classes) and read_labeled_folder(r, classes).labels is not None
+
 
 def load_eval_set(root: str | Path, manifest: Manifest, batch_size: int = 64) -> EvalSet:
-    """An ImageFolder (or its val/ split) whose class folders are named as the model's labels, decoded once."""
+    """The --eval images decoded once. A classifier's: an ImageFolder (or its val/ split) whose class folders are
+    named as the model's labels. An embedding model's: any folder of images; labeled by its own class folders when
+    it is an ImageFolder (for the kNN top-1), else unlabeled."""
     from vitdeploy.model.imageset import ImageSet
 
-    images = ImageSet.labeled(root, list(manifest.labels), require=True)
+    if judge_for(manifest) is not None:
+        r = Path(root)
+        images = ImageSet.labeled(r, _own_classes(r)) if r.is_dir() else ImageSet.folder(r, option="--eval")
+    else:
+        images = ImageSet.labeled(root, list(manifest.labels), require=True)
     _, x, y = images.arrays(manifest.pp(), batch_size)
-    assert y is not None  # a required labeled folder has labels
     return EvalSet(x, y, Path(images.source), images.skipped)
 
 
@@ -133,19 +167,184 @@ def figures(ref: np.ndarray, q: np.ndarray, y: np.ndarray) -> Figures:
 
 
 @dataclass
+class EmbeddingFigures:
+    """An embedding model's INT8 against FP32 on the eval images (checks/judge.py's comparison)."""
+
+    comparison: EmbeddingComparison
+
+    @property
+    def images(self) -> int:
+        return self.comparison.rows
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"images": self.images}
+        for k, v in self.comparison.to_dict().items():
+            if k != "rows":
+                d[k] = round(v, 6) if isinstance(v, float) and np.isfinite(v) else v
+        if not np.isfinite(d["rel_frobenius"]):
+            d["rel_frobenius"] = None  # strict JSON: a non-finite output has no finite error
+        return d
+
+
+def figures_line(f: dict[str, Any], short: bool = False) -> str:
+    """One line for the guard's figures as the manifest records them (a classifier's or an embedding model's);
+    ``short``: the INT8 side only (the 'with every layer quantized' line)."""
+    if "cosine_mean" in f:
+        s = (f"mean cosine {f['cosine_mean']:.5f}, 1st percentile {f['cosine_p1']:.5f}, "
+             f"nearest-neighbour agreement {f['nn_agreement']:.2%}")
+        if f.get("knn_top1") is not None:
+            s += f", kNN top-1 {f['knn_top1']:.2%} (FP32 {f['knn_top1_reference']:.2%})"
+        return s if short else f"on {f['images']} images, INT8 against FP32: {s}"
+    if short:
+        return f"INT8 top-1 {f['int8_top1']:.2%} (drop {f['drop_points']:.2f} points), agreement {f['agreement']:.2%}"
+    return (f"on {f['images']} labeled images: FP32 top-1 {f['fp32_top1']:.2%}, INT8 top-1 {f['int8_top1']:.2%} "
+            f"(drop {f['drop_points']:.2f} points), agreement {f['agreement']:.2%}")
+
+
+class Criterion(Protocol):
+    """What the guard measures and the budget it works toward: the task's (classifier or embedding model)."""
+
+    @property
+    def sensitivity_images(self) -> int: ...
+
+    def figures(self, ref: np.ndarray, out: np.ndarray, ev: EvalSet) -> Any: ...
+
+    def met(self, f: Any) -> bool: ...
+
+    def error(self, ref: np.ndarray, out: np.ndarray) -> float: ...
+
+    def rank(self, f: Any) -> tuple[float, ...]: ...
+
+    def budget(self) -> dict[str, Any]: ...
+
+    def missed(self, f: Any, excluded: int, what: str) -> str: ...
+
+    @property
+    def active(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class ClassifierCriterion:
+    """A classifier: top-1 drop in points on labeled images, and (optionally) top-1 agreement with FP32."""
+
+    max_drop: float | None = None
+    min_agreement: float | None = None
+    sensitivity_images: int = SENSITIVITY_IMAGES
+
+    @property
+    def active(self) -> bool:
+        return self.max_drop is not None or self.min_agreement is not None
+
+    def figures(self, ref: np.ndarray, out: np.ndarray, ev: EvalSet) -> Figures:
+        return figures(ref, out, ev.labels)
+
+    def met(self, f: Figures) -> bool:
+        return (self.max_drop is None or f.drop_points <= self.max_drop) and (
+            self.min_agreement is None or f.agreement >= self.min_agreement)
+
+    def error(self, ref: np.ndarray, out: np.ndarray) -> float:
+        return compare(ref, out).mean_sq_diff
+
+    def rank(self, f: Figures) -> tuple[float, ...]:
+        return (f.agreement, -f.drop_points)
+
+    def budget(self) -> dict[str, Any]:
+        return {"max_drop_points": self.max_drop, "min_agreement": self.min_agreement}
+
+    def missed(self, f: Figures, excluded: int, what: str) -> str:
+        want = " and ".join(([f"--max-drop {self.max_drop}"] if self.max_drop is not None else [])
+                            + ([f"--min-agreement {self.min_agreement}"] if self.min_agreement is not None else []))
+        return (f"{what}: top-1 drop {f.drop_points} points, agreement {round(f.agreement, 6)}: exceeds {want} "
+                f"even with all {excluded} quantized layers kept in float")
+
+
+@dataclass(frozen=True)
+class EmbeddingCriterion:
+    """An embedding model: the precision's EmbeddingBudget (mean and 1st-percentile per-image cosine to FP32,
+    nearest-neighbour agreement) and, on a labeled folder with ``max_knn_drop``, the kNN top-1 drop in points.
+    ``budget_`` None: measured and recorded, nothing excluded (--eval alone)."""
+
+    judge: EmbeddingJudge
+    budget_: EmbeddingBudget | None = None
+    max_knn_drop: float | None = None
+    sensitivity_images: int = SENSITIVITY_IMAGES
+
+    @property
+    def active(self) -> bool:
+        return self.budget_ is not None
+
+    def figures(self, ref: np.ndarray, out: np.ndarray, ev: EvalSet) -> EmbeddingFigures:
+        return EmbeddingFigures(self.judge.compare(ref, out, ev.y))
+
+    def failures(self, f: EmbeddingFigures) -> list[str]:
+        out = self.budget_.failures(f.comparison) if self.budget_ is not None else []
+        drop = f.comparison.knn_drop_points
+        if self.max_knn_drop is not None and drop is not None and drop > self.max_knn_drop:
+            out.append(f"kNN top-1 drop {drop} points > {self.max_knn_drop}")
+        return out
+
+    def met(self, f: EmbeddingFigures) -> bool:
+        return not self.failures(f)
+
+    def error(self, ref: np.ndarray, out: np.ndarray) -> float:
+        return float(np.mean(1.0 - self.judge.compare(ref, out).per_image_cosine))
+
+    def rank(self, f: EmbeddingFigures) -> tuple[float, ...]:
+        c = f.comparison
+        return (c.nn_agreement, c.cosine_p1, c.cosine_mean)
+
+    def budget(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"judged_as": "embedding"}
+        if self.budget_ is not None:
+            d.update(self.budget_.to_dict())
+        if self.max_knn_drop is not None:
+            d["max_knn_drop_points"] = self.max_knn_drop
+        return d
+
+    def missed(self, f: EmbeddingFigures, excluded: int, what: str) -> str:
+        return f"{what}: {'; '.join(self.failures(f))} even with all {excluded} quantized layers kept in float"
+
+
+def criterion_for(manifest: Manifest, max_drop: float | None = None, min_agreement: float | None = None,
+                  min_cosine: float | None = None, eval_dir: str | Path | None = None) -> Criterion:
+    """The guard's criterion for this model's task, from calibrate's budget options; checked before any work.
+
+    A classifier: --max-drop (top-1 points) and --min-agreement (top-1 agreement); --min-cosine is refused (exit 2).
+    An embedding model: any budget option puts the INT8 EmbeddingBudget in force (checks/judge.py: mean cosine
+    ≥ --min-cosine, default 0.99; 1st percentile ≥ 0.97; nearest-neighbour agreement ≥ 0.97, or --min-agreement);
+    --max-drop is the kNN top-1 drop, so it needs a labeled --eval folder, else one line naming --min-cosine
+    (judge.refuse_classifier_budget, exit 2)."""
+    judge = judge_for(manifest)
+    if judge is None:
+        if min_cosine is not None:
+            raise UsageError("--min-cosine is a budget for embedding models (mean per-image cosine to FP32); this is "
+                             "a classifier: use --max-drop (top-1 points) or --min-agreement")
+        return ClassifierCriterion(max_drop, min_agreement)
+    if max_drop is not None and (eval_dir is None or not eval_is_labeled(eval_dir)):
+        refuse_classifier_budget(manifest)
+    if max_drop is None and min_agreement is None and min_cosine is None:
+        return EmbeddingCriterion(judge)
+    b = judge.budget("int8", min_cosine)
+    if min_agreement is not None:
+        b = EmbeddingBudget(b.min_cosine, b.min_cosine_p1, min_agreement)
+    return EmbeddingCriterion(judge, b, max_drop)
+
+
+@dataclass
 class GuardResult:
     excluded: list[str]
-    before: Figures
-    after: Figures
+    before: Any  # Figures (classifier) or EmbeddingFigures
+    after: Any
     max_drop: float | None
     sensitivity: dict[str, float]
     met: bool
     min_agreement: float | None = None
+    criterion: Criterion | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        budget = (self.criterion or ClassifierCriterion(self.max_drop, self.min_agreement)).budget()
         return {
-            "max_drop_points": self.max_drop,
-            "min_agreement": self.min_agreement,
+            **budget,
             "met": self.met,
             "excluded": self.excluded,
             "before": self.before.to_dict(),
@@ -163,9 +362,14 @@ def guard(
     min_agreement: float | None = None,
     backend: str = "onnxruntime",
     factory: RunnerFactory | None = None,
+    criterion: Criterion | None = None,
+    written: Callable[[Any, list[str]], Any] | None = None,
 ) -> tuple[Any, GuardResult]:
     """Exclude the most sensitive layers until the top-1 drop is within ``max_drop`` points
-    (and, with ``min_agreement``, the top-1 agreement with FP32 at least that fraction).
+    (and, with ``min_agreement``, the top-1 agreement with FP32 at least that fraction); or, with ``criterion``, until
+    its budget is met (an embedding model's: ``criterion_for``). ``fp32_logits``: the FP32 model's output on ev.x.
+``written``: the graph as it will be written from ``switch.final(excluded)`` (e.g. its float16 form for a TensorRT
+target); the budget is judged on that form, the per-layer ranking on the switch's graph (cheaper, same order).
 
     ``switch`` holds the INT8 graph of every layer (each weight quantized once); a probe only
     switches layers to float in place. Returns the final model (``switch.final``) and what was
@@ -173,24 +377,30 @@ def guard(
     INT8 model is evaluated (onnxruntime or openvino: the runtime it will be deployed on); ``factory``: the runners
     to measure on (default: one for ``backend``), e.g. the TensorRT oracle for a TensorRT target.
     """
+    crit: Criterion = criterion or ClassifierCriterion(max_drop, min_agreement)
     make = factory or runner_factory(backend, _manifest_of(switch.select([])))
     layers = [la.node for la in switch.layers]
 
-    def ok(f: Figures) -> bool:
-        return (max_drop is None or f.drop_points <= max_drop) and (min_agreement is None or f.agreement >= min_agreement)
+    def result(excluded: list[str], first: Any, last: Any, sens: dict[str, float], met: bool) -> GuardResult:
+        return GuardResult(excluded, first, last, max_drop, sens, met, min_agreement, crit)
 
-    first = figures(fp32_logits, logits(switch.select([]), ev.x, factory=make), ev.y)
-    if ok(first):
-        return switch.final([]), GuardResult([], first, first, max_drop, {}, True, min_agreement)
-    # per-layer sensitivity: only that layer quantized, mean squared logit error against FP32 on a subset
-    n = min(len(ev.x), SENSITIVITY_IMAGES)
+    def measure(excluded: list[str]) -> Any:
+        m = switch.select(excluded) if written is None else written(switch.final(excluded), excluded)
+        return crit.figures(fp32_logits, logits(m, ev.x, factory=make), ev)
+
+    first = measure([])
+    if crit.met(first):
+        return switch.final([]), result([], first, first, {}, True)
+    # per-layer sensitivity: only that layer quantized, its error against FP32 on a subset (the criterion's: mean
+    # squared logit error for a classifier, mean 1 − cosine for an embedding model)
+    n = min(len(ev.x), crit.sensitivity_images)
     xs, ref = ev.x[:n], fp32_logits[:n]
     sens: dict[str, float] = {}
     for i, name in enumerate(layers):
         if progress:
             progress("sensitivity", {"done": i, "total": len(layers), "layer": name})
         only = switch.select([other for other in layers if other != name])
-        sens[name] = compare(ref, logits(only, xs, factory=make)).mean_sq_diff
+        sens[name] = crit.error(ref, logits(only, xs, factory=make))
     order = sorted(layers, key=lambda k: sens[k], reverse=True)
     excluded: list[str] = []
     last = first
@@ -198,7 +408,7 @@ def guard(
         excluded.append(name)
         if progress:
             progress("exclude", {"done": len(excluded), "total": len(order), "layer": name})
-        last = figures(fp32_logits, logits(switch.select(excluded), ev.x, factory=make), ev.y)
-        if ok(last):
-            return switch.final(excluded), GuardResult(excluded, first, last, max_drop, sens, True, min_agreement)
-    return switch.final(excluded), GuardResult(excluded, first, last, max_drop, sens, False, min_agreement)
+        last = measure(excluded)
+        if crit.met(last):
+            return switch.final(excluded), result(excluded, first, last, sens, True)
+    return switch.final(excluded), result(excluded, first, last, sens, False)

@@ -24,9 +24,10 @@ def calibrate(
     quantize_attention: bool = typer.Option(DEFAULT_QUANTIZE_ATTENTION, "--quantize-attention/--no-quantize-attention", help="Also quantize the two attention matmuls (Q·Kᵀ, P·V)."),
     float_type: Optional[str] = typer.Option(None, "--float", help="Type of everything left unquantized: fp32 (ONNX Runtime on a CPU) or fp16 (TensorRT). Default: the target's (fp16 for trt*, else fp32)."),
     seed: int = typer.Option(0, **bounded("seed"), help="Seed of the image sample."),
-    max_drop: Optional[float] = typer.Option(None, "--max-drop", **bounded("points"), help="Top-1 drop budget in points against FP32 on --eval; sensitive layers are kept in float until it fits (exit 1 if it cannot)."),
-    eval_dir: Optional[Path] = typer.Option(None, "--eval", help="Labeled ImageFolder (or one with val/) to measure FP32 vs INT8 top-1 on."),
-    min_agreement: Optional[float] = typer.Option(None, "--min-agreement", **bounded("fraction"), help="With --eval: also keep layers in float until INT8's top-1 agrees with FP32's on at least this fraction (e.g. 0.99)."),
+    max_drop: Optional[float] = typer.Option(None, "--max-drop", **bounded("points"), help="Top-1 drop budget in points against FP32 on --eval; sensitive layers are kept in float until it fits (exit 1 if it cannot). An embedding model: the kNN top-1 drop, on a labeled --eval."),
+    eval_dir: Optional[Path] = typer.Option(None, "--eval", help="Labeled ImageFolder (or one with val/) to measure FP32 vs INT8 top-1 on; for an embedding model any folder of images (per-image cosine to FP32)."),
+    min_agreement: Optional[float] = typer.Option(None, "--min-agreement", **bounded("fraction"), help="With --eval: also keep layers in float until INT8's top-1 agrees with FP32's on at least this fraction (e.g. 0.99); for an embedding model, its nearest-neighbour agreement (default 0.97 with --min-cosine)."),
+    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", **bounded("fraction"), help="An embedding model's budget, with --eval: keep layers in float until the mean per-image cosine to FP32 is at least this (e.g. 0.99), the 1st percentile at least 0.97 and the nearest-neighbour agreement at least 0.97."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=f"What the INT8 model is made for: {TARGET_NAMES}. trt10/trt11: "
                                          "float16 Q/DQ scales and GEMMs, opset 19; cpu/openvino also quantize Q·Kᵀ (openvino: the guard judges on OpenVINO). Default: the model's target, "
                                          "else none (float32 scales: TensorRT 8.x and CPUs)."),
@@ -68,7 +69,7 @@ def calibrate(
             model, images, out, num_images=num_images, batch_size=batch_size, method=method,
             quantize_attention=quantize_attention, float_type=float_type, seed=seed, max_drop=max_drop,
             eval_dir=eval_dir, progress=on_event, min_agreement=min_agreement, backend=backend, target=target,
-            smooth=smooth, quantizer=quantizer,
+            smooth=smooth, quantizer=quantizer, min_cosine=min_cosine,
         )
     for path, why in result.skipped:
         err_console.print(f"skipped {path}: {why}", highlight=False)
@@ -83,21 +84,17 @@ def calibrate(
         f"unquantized parts {q['float_type']}; {ranges}) → {result.path}",
         highlight=False,
     )
+    from vitdeploy.checks.guard import figures_line  # numpy: loaded by the calibration already
+
     if result.excluded:
         b = result.manifest.extra["guard"]["before"]
         console.print(
-            f"with every layer quantized: INT8 top-1 {b['int8_top1']:.2%} (drop {b['drop_points']:.2f} points), "
-            f"agreement {b['agreement']:.2%}; kept in float by the guard ({len(result.excluded)}): "
-            f"{', '.join(result.excluded)}",
+            f"with every layer quantized: {figures_line(b, short=True)}; kept in float by the guard "
+            f"({len(result.excluded)}): {', '.join(result.excluded)}",
             highlight=False,
         )
     if result.figures:
-        f = result.figures
-        console.print(
-            f"on {f['images']} labeled images: FP32 top-1 {f['fp32_top1']:.2%}, INT8 top-1 {f['int8_top1']:.2%} "
-            f"(drop {f['drop_points']:.2f} points), agreement {f['agreement']:.2%}",
-            highlight=False,
-        )
+        console.print(figures_line(result.figures), highlight=False)
     given = f" -i {images}" if Path(images).is_dir() else ""
     next_step(f"vitdeploy build-engine {result.path}", f"vitdeploy bundle {model} {result.path}{given}")
     if result.skipped:  # written from the readable images, as infer and verify do: partly done

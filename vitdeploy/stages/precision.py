@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from vitdeploy.core.naming import calib_cache_name, precision_name
 from vitdeploy.core.preprocess import list_images
 from vitdeploy.core.targets import ALIASES, CPU_TARGETS, TargetFacts, resolve_target
 from vitdeploy.model.imageset import ImageSet
+
+if TYPE_CHECKING:
+    from vitdeploy.checks.guard import Criterion
 
 FEW_IMAGES = 100
 QUANTIZERS = ("vitdeploy", "nncf")  # who places the Q/DQ: ours (the default), or NNCF's (a CPU target)
@@ -283,7 +286,7 @@ def _collect_ranges(
 
 def _check_options(
     method: str, float_type: str, batch_size: int, max_drop: float | None, min_agreement: float | None,
-    eval_dir: str | Path | None,
+    eval_dir: str | Path | None, min_cosine: float | None = None,
 ) -> None:
     """Option values calibrate refuses before reading anything (exit 1, as before)."""
     from vitdeploy.graph.quantize import METHODS
@@ -294,10 +297,12 @@ def _check_options(
         raise UsageError(f"--float must be fp32 or fp16, not {float_type!r}")
     if batch_size < 1:
         raise UsageError("--batch-size must be at least 1")
-    if (max_drop is not None or min_agreement is not None) and eval_dir is None:
-        raise UsageError("--max-drop/--min-agreement need --eval DIR (labeled images to measure the drop on)")
+    if (max_drop is not None or min_agreement is not None or min_cosine is not None) and eval_dir is None:
+        raise UsageError("--max-drop/--min-agreement/--min-cosine need --eval DIR (images to measure INT8 against FP32 on)")
     if min_agreement is not None and not 0.0 <= min_agreement <= 1.0:
         raise UsageError(f"--min-agreement is a fraction from 0 to 1, not {min_agreement}")
+    if min_cosine is not None and not 0.0 < min_cosine <= 1.0:
+        raise UsageError(f"--min-cosine is a cosine in (0, 1], not {min_cosine}")
 
 
 def _fp32_source(art: OnnxArtifact) -> tuple[Any, Manifest]:
@@ -382,13 +387,15 @@ def _layers(model: Any, target: str | None, quantize_attention: bool, src: Path)
 
 def _choose_strength(fp32: Any, manifest: Manifest, files: ImageSet, batch_size: int, facts: TargetFacts | None,
                      src: Path, target: str | None, quantize_attention: bool, method: str, ev: Any, backend: str,
-                     record: dict[str, Any], progress: Progress | None) -> tuple[Any, dict[str, Any]]:
+                     record: dict[str, Any], progress: Progress | None, crit: Criterion) -> tuple[Any, dict[str, Any]]:
     """The smoothing strength the guard picks: every one in STRENGTHS calibrated on ``files`` and measured on the
-    eval set, on the guard's runner (the oracle for a TensorRT target); the best top-1 agreement with FP32 wins (then
-    the smaller drop). Returns the FP32 model smoothed at that strength and the manifest's record of the choice."""
+    eval set, on the guard's runner (the oracle for a TensorRT target); the best by the task's criterion wins (a
+    classifier: top-1 agreement with FP32, then the smaller drop; an embedding model: nearest-neighbour agreement,
+    then 1st-percentile and mean cosine). Returns the FP32 model smoothed at that strength and the manifest's record
+    of the choice."""
     import copy
 
-    from vitdeploy.checks.guard import figures, logits, runner_factory
+    from vitdeploy.checks.guard import logits, runner_factory
     from vitdeploy.graph.quantize import ensure_node_names, insert_qdq, tensors_to_calibrate
     from vitdeploy.graph.smooth import smooth as migrate
 
@@ -396,7 +403,7 @@ def _choose_strength(fp32: Any, manifest: Manifest, files: ImageSet, batch_size:
     ref = logits(fp32, ev.x)
     factory = runner_factory(backend, manifest, target)
     tried: dict[str, Any] = {}
-    best: tuple[tuple[float, float], float, Any] | None = None
+    best: tuple[tuple[float, ...], float, Any] | None = None
     for i, alpha in enumerate(STRENGTHS):
         if progress:
             progress("strength", {"done": i, "total": len(STRENGTHS), "layer": f"smoothing strength {alpha}"})
@@ -407,9 +414,11 @@ def _choose_strength(fp32: Any, manifest: Manifest, files: ImageSet, batch_size:
         all_layers, layers = _layers(m, target, quantize_attention, src)
         ranges = _collect_ranges(m, tensors_to_calibrate(all_layers), files, manifest, batch_size, None)[0]
         q = insert_qdq(m, layers, {t: r[method] for t, r in ranges.items()})
-        f = figures(ref, logits(q, ev.x, factory=factory), ev.y)
-        tried[str(alpha)] = {"agreement": round(f.agreement, 6), "drop_points": f.drop_points}
-        key = (f.agreement, -f.drop_points)
+        f = crit.figures(ref, logits(q, ev.x, factory=factory), ev)
+        d = f.to_dict()
+        tried[str(alpha)] = {k: d[k] for k in ("agreement", "drop_points", "cosine_mean", "cosine_p1", "nn_agreement")
+                             if k in d}
+        key = crit.rank(f)
         if best is None or key > best[0]:
             best = (key, alpha, smoothed)
     assert best is not None
@@ -418,15 +427,8 @@ def _choose_strength(fp32: Any, manifest: Manifest, files: ImageSet, batch_size:
     return chosen, {**record, **res.to_dict(), "chosen_by": f"the guard on {backend}", "tried": tried}
 
 
-def _budget_missed(after: dict[str, Any], max_drop: float | None, min_agreement: float | None, excluded: int) -> VitdeployError:
-    want = " and ".join(
-        ([f"--max-drop {max_drop}"] if max_drop is not None else [])
-        + ([f"--min-agreement {min_agreement}"] if min_agreement is not None else [])
-    )
-    return VitdeployError(
-        f"INT8 top-1 drop {after.get('drop_points')} points, agreement {after.get('agreement')}: exceeds {want} even with "
-        f"all {excluded} quantized layers kept in float; nothing written: loosen the budget or use FP16"
-    )
+def _budget_missed(crit: Criterion, after: Any, excluded: int) -> VitdeployError:
+    return VitdeployError(f"{crit.missed(after, excluded, 'INT8')}; nothing written: loosen the budget or use FP16")
 
 
 def _write_cache(cpath: Path, key: str, model_sha: str, files: list[str], n_read: int, ranges: dict[str, Any]) -> None:
@@ -476,8 +478,8 @@ def _quantization_record(
 
 def _quantize(
     model: Any, manifest: Manifest, layers: list[Any], amax: dict[str, float], eval_dir: str | Path | None,
-    max_drop: float | None, min_agreement: float | None, progress: Progress | None, backend: str = "onnxruntime",
-    target: str | None = None, ev: Any = None,
+    crit: Criterion, progress: Progress | None, backend: str = "onnxruntime",
+    target: str | None = None, ev: Any = None, written: Callable[[Any, list[str]], Any] | None = None,
 ) -> tuple[Any, list[str], dict[str, Any], dict[str, Any] | None, Any]:
     """The Q/DQ model, the layers kept in float, the guard's figures and record (None without --eval), and
     (eval set, FP32 logits) to measure the written model on (None without --eval).
@@ -489,16 +491,16 @@ def _quantize(
 
     if eval_dir is None:
         return insert_qdq(model, layers, amax), [], {}, None, None
-    return _guarded(SwitchableQDQ(model, layers, amax), model, manifest, eval_dir, max_drop, min_agreement, progress,
-                    backend, target, ev)
+    return _guarded(SwitchableQDQ(model, layers, amax), model, manifest, eval_dir, crit, progress, backend, target, ev,
+                    written)
 
 
 def _guarded(
-    switch: Any, model: Any, manifest: Manifest, eval_dir: str | Path, max_drop: float | None,
-    min_agreement: float | None, progress: Progress | None, backend: str, target: str | None, ev: Any,
+    switch: Any, model: Any, manifest: Manifest, eval_dir: str | Path, crit: Criterion, progress: Progress | None,
+    backend: str, target: str | None, ev: Any, written: Callable[[Any, list[str]], Any] | None = None,
 ) -> tuple[Any, list[str], dict[str, Any], dict[str, Any] | None, Any]:
     """The guard over an INT8 graph whose layers ``switch`` turns back to float (ours or NNCF's), judged against the
-    FP32 ``model`` on ``backend``; as ``_quantize`` returns."""
+    FP32 ``model`` on ``backend`` by the task's criterion (checks/guard.criterion_for); as ``_quantize`` returns."""
     from vitdeploy.checks.guard import guard, load_eval_set, logits, runner_factory
 
     if progress:
@@ -506,12 +508,12 @@ def _guarded(
     ev = ev if ev is not None else load_eval_set(eval_dir, manifest)
     ref = logits(model, ev.x)
     factory = runner_factory(backend, manifest, target)
-    qmodel, g = guard(switch, ev, ref, max_drop, progress, min_agreement, factory=factory)
+    qmodel, g = guard(switch, ev, ref, None, progress, factory=factory, criterion=crit, written=written)
     info = g.to_dict()
     info["eval"] = str(Path(eval_dir))
     info["backend"] = backend
     if not g.met:
-        raise _budget_missed(info["after"], max_drop, min_agreement, len(g.excluded))
+        raise _budget_missed(crit, g.after, len(g.excluded))
     return qmodel, g.excluded, g.after.to_dict(), info, (ev, ref)
 
 
@@ -533,6 +535,7 @@ def calibrate(
     backend: str = "auto",
     smooth: str | float = "auto",
     quantizer: str = "vitdeploy",
+    min_cosine: float | None = None,
 ) -> CalibrationResult:
     """Quantize an FP32 ONNX model to explicit int8 Q/DQ from calibration images; optionally guard its accuracy.
 
@@ -557,7 +560,15 @@ def calibrate(
     graph (graph.nncf_ptq), for a CPU target only (``cpu`` when none is given). Measured in docs/cpu-backends.md: as
     fast on OpenVINO here and less accurate unguarded, hence not the default. The guard, manifest and lineage are the
     same for both.
+
+    The guard judges by the model's task (checks/guard.criterion_for, checks/judge.py). For an embedding model
+    ``eval_dir`` is any folder of images (an ImageFolder also gives the kNN top-1), and ``min_cosine`` (the mean
+    per-image cosine to FP32, e.g. 0.99) puts the INT8 embedding budget in force: that mean, a 1st percentile of
+    0.97 and nearest-neighbour agreement of 0.97 (``min_agreement`` replaces it); ``max_drop`` is then the kNN top-1
+    drop in points and needs a labeled folder. ``min_cosine`` on a classifier, or ``max_drop`` on an embedding model
+    without labels, is refused in one line (exit 2) before anything is read.
     """
+    from vitdeploy.checks.guard import criterion_for
     from vitdeploy.graph.edit import opset
     from vitdeploy.graph.fp16 import to_fp16
     from vitdeploy.graph.quantize import ensure_node_names, tensors_to_calibrate
@@ -567,7 +578,7 @@ def calibrate(
     if method == "nncf":
         quantizer = "nncf"
     _check_options(DEFAULT_METHOD if quantizer == "nncf" else method, float_type or "fp32", batch_size, max_drop,
-                   min_agreement, eval_dir)
+                   min_agreement, eval_dir, min_cosine)
     check_target(target)
     if backend not in ("auto", "onnxruntime", "openvino", "oracle"):
         raise UsageError(f"the guard evaluates on auto, onnxruntime, openvino or oracle, not {backend!r}")
@@ -578,6 +589,7 @@ def calibrate(
     art = as_artifact(model_onnx)
     src = art.path
     model, manifest = _fp32_source(art)
+    crit = criterion_for(manifest, max_drop, min_agreement, min_cosine, eval_dir)  # before any image is read
     target = target or manifest.target
     facts = check_target(target)
     target = ALIASES.get(target, target) if target is not None else None  # ort: the cpu target's old name
@@ -609,8 +621,8 @@ def calibrate(
             raise UsageError("--float fp16 with NNCF's CPU INT8: its unquantized parts are float32 (a CPU's type); "
                              "drop --float, or make the INT8 for a TensorRT target")
         files = _sample_images(images, num_images, seed, manifest, warnings)
-        return _calibrate_nncf(art, model, manifest, files, dest, target, batch_size, seed, eval_dir, max_drop,
-                               min_agreement, backend, progress, warnings)
+        return _calibrate_nncf(art, model, manifest, files, dest, target, batch_size, seed, eval_dir, crit, backend,
+                               progress, warnings)
     files = _sample_images(images, num_images, seed, manifest, warnings)
     fp32 = model
     model, smoothing = _smooth(model, manifest, files, batch_size, smooth)  # before LayerNorm is spelled out
@@ -621,7 +633,7 @@ def calibrate(
 
         ev = load_eval_set(eval_dir, manifest)
         model, smoothing = _choose_strength(fp32, manifest, files, batch_size, facts, src, target, quantize_attention,
-                                            method, ev, backend, smoothing, progress)
+                                            method, ev, backend, smoothing, progress, crit)
     _fit_graph(model, facts, src)
     ensure_node_names(model)
     all_layers, layers = _layers(model, target, quantize_attention, src)
@@ -639,32 +651,29 @@ def calibrate(
         warnings.append(f"only {n_read} calibration images: 500 or more give stable ranges (fewer than {FEW_IMAGES} may not)")
     amax = {t: r[method] for t, r in ranges.items()}
 
-    qmodel, excluded, figs, guard_info, measured = _quantize(model, manifest, layers, amax, eval_dir, max_drop, min_agreement, progress,
-                                                   backend, target, ev)
+    def as_written(q: Any, excluded: Iterable[str] = ()) -> Any:
+        """The INT8 graph ``q`` (``excluded`` layers in float) as it is written for the target: the graph the guard
+        judges, so what it measured is what the file holds (a float16 form can miss a budget its float32 form met:
+        an embedding model's nearest neighbours move with float16 rounding alone)."""
+        if float_type == "fp16" and facts is not None and facts.fp16_dq_scales:
+            # TensorRT 10/11 read float16 scales (opset 19): Q/DQ, scales and the quantized GEMMs are all float16, so
+            # a strongly typed build runs them in int8/float16 with no Cast island around any GEMM
+            from vitdeploy.graph.target import FP16_QDQ_OPSET, to_opset
+
+            return to_fp16(to_opset(q, FP16_QDQ_OPSET), keep_fp32_nodes=unsafe)
+        if float_type == "fp16":
+            # the quantized layers stay float32 so each DequantizeLinear feeds its MatMul/Conv directly (TensorRT fuses
+            # that pair into an int8 kernel); Casts go before the QuantizeLinear and after the layer
+            out = set(excluded)
+            return to_fp16(q, keep_fp32_nodes=[la.node for la in layers if la.node not in out] + unsafe)
+        return q
+
+    qmodel, excluded, figs, guard_info, _ = _quantize(model, manifest, layers, amax, eval_dir, crit, progress,
+                                                      backend, target, ev, as_written)
     quantized = [la.node for la in layers if la.node not in set(excluded)]
-    if float_type == "fp16" and facts is not None and facts.fp16_dq_scales:
-        # TensorRT 10/11 read float16 scales (opset 19): Q/DQ, scales and the quantized GEMMs are all float16, so a
-        # strongly typed build runs them in int8/float16 with no Cast island around any GEMM
-        from vitdeploy.graph.target import FP16_QDQ_OPSET, to_opset
-
-        qmodel = to_fp16(to_opset(qmodel, FP16_QDQ_OPSET), keep_fp32_nodes=unsafe)
-        if measured is not None:  # the guard measured the float32 Q/DQ graph: report the float16 one written
-            from vitdeploy.checks.guard import figures, logits, runner_factory
-
-            ev, ref = measured
-            figs = figures(ref, logits(qmodel, ev.x, factory=runner_factory(backend, manifest, target)), ev.y).to_dict()
-            if guard_info is not None:
-                guard_info["written"] = figs
-            if (max_drop is not None and figs["drop_points"] > max_drop) or (
-                    min_agreement is not None and figs["agreement"] < min_agreement):
-                raise VitdeployError(
-                    f"the float16 INT8 model for {target} misses the budget (top-1 drop {figs['drop_points']} points, "
-                    f"agreement {figs['agreement']}) although its float32 form met it; nothing written: loosen "
-                    "--max-drop/--min-agreement or use FP16")
-    elif float_type == "fp16":
-        # the quantized layers stay float32 so each DequantizeLinear feeds its MatMul/Conv directly (TensorRT fuses
-        # that pair into an int8 kernel); Casts go before the QuantizeLinear and after the layer
-        qmodel = to_fp16(qmodel, keep_fp32_nodes=quantized + unsafe)
+    qmodel = as_written(qmodel, excluded)
+    if guard_info is not None and float_type == "fp16":
+        guard_info["written"] = figs  # the guard measured the float16 graph written (kept for older readers)
     quant = _quantization_record(method, quantize_attention, float_type, opset(qmodel), n_read, cpath, key, seed,
                                  len(quantized), excluded)
     quant["quantizer"] = "vitdeploy"
@@ -706,7 +715,7 @@ def calibrate(
 
 def _calibrate_nncf(art: OnnxArtifact, model: Any, manifest: Manifest, files: ImageSet, dest: Path,
                     target: str | None, batch_size: int, seed: int, eval_dir: str | Path | None,
-                    max_drop: float | None, min_agreement: float | None, backend: str, progress: Progress | None,
+                    crit: Criterion, backend: str, progress: Progress | None,
                     warnings: list[str]) -> CalibrationResult:
     """The CPU INT8 made by NNCF (graph.nncf_ptq) with our guard, manifest and lineage on top.
 
@@ -733,8 +742,8 @@ def _calibrate_nncf(art: OnnxArtifact, model: Any, manifest: Manifest, files: Im
     if eval_dir is None:
         qmodel = switch.final([])
     else:
-        qmodel, excluded, figs, guard_info, _ = _guarded(switch, fp32, manifest, eval_dir, max_drop, min_agreement,
-                                                         progress, backend, target, None)
+        qmodel, excluded, figs, guard_info, _ = _guarded(switch, fp32, manifest, eval_dir, crit, progress, backend,
+                                                         target, None)
     quantized = [la.node for la in switch.layers if la.node not in set(excluded)]
     cpath = calib_cache_name(dest)
     quant = {
