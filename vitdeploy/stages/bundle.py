@@ -278,13 +278,13 @@ def _remake(art: OnnxArtifact, source: Path, notes: list[str], images: Path | No
     guard = m.extra.get("guard") or {}
     ev = guard.get("eval")
     budget: dict[str, Any] = {}
-    if ev and Path(ev).exists() and (guard.get("max_drop") is not None or guard.get("min_agreement") is not None):
-        budget = {"eval_dir": ev, "max_drop": guard.get("max_drop"), "min_agreement": guard.get("min_agreement")}
-    elif guard.get("min_cosine") is not None:  # an embedding model's guard (calibrate --min-cosine), as recorded
-        import inspect
-
-        if "min_cosine" in inspect.signature(calibrate).parameters:
-            budget = {"min_cosine": guard["min_cosine"], **({"eval_dir": ev} if ev and Path(ev).exists() else {})}
+    # the budget as the guard recorded it (checks/guard.py: max_drop_points / min_agreement for a classifier,
+    # min_cosine for an embedding model); "max_drop" is the key of records made before the rename
+    max_drop = guard.get("max_drop_points", guard.get("max_drop"))
+    if ev and Path(ev).exists() and guard.get("min_cosine") is not None:
+        budget = {"eval_dir": ev, "min_cosine": guard["min_cosine"]}
+    elif ev and Path(ev).exists() and (max_drop is not None or guard.get("min_agreement") is not None):
+        budget = {"eval_dir": ev, "max_drop": max_drop, "min_agreement": guard.get("min_agreement")}
     # smoothing as recorded: absent (made before calibrate had it) -> its default, None -> off, else the mode given
     sm = q.get("smoothing", {"mode": "auto"})
     smooth = str(sm.get("mode", "auto")) if isinstance(sm, dict) else "off"

@@ -179,7 +179,7 @@ def kept_guard(artifact: Path) -> None:
         return  # not a vitdeploy model: replaced as any stale output
     guard = manifest.extra.get("guard")
     if guard and is_stale(artifact, manifest):  # guarded, but from an earlier FP32 model: never built silently
-        budget = "".join(f" --{k.replace('_points', '').replace('_', '-')} {guard[k]}" for k in ("max_drop_points", "min_agreement")
+        budget = "".join(f" --{k.replace('_points', '').replace('_', '-')} {guard[k]}" for k in ("max_drop_points", "min_agreement", "min_cosine")
                          if guard.get(k) is not None)
         fp32 = artifact.parent / str((manifest.source or {}).get("artifact") or "model.onnx")
         raise StaleArtifact(

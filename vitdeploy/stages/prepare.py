@@ -27,10 +27,7 @@ def guard_budget(manifest: Any, images: Path | None, labeled: Path | None, notes
 
     A classifier: the top-1 budget (``max_drop``) on the labeled images, where there are some. An embedding model has
     no top-1: its budget is the mean per-image cosine to FP32 (checks/judge.embedding_budget("int8")), on the images
-    given (labels not needed), passed as calibrate's ``min_cosine`` where calibrate has that guard; where it does not,
-    INT8 is calibrated without a budget and the note says so (the bundle's table still judges it by cosine)."""
-    import inspect
-
+    given (labels not needed), passed as calibrate's ``min_cosine``."""
     from vitdeploy.checks.judge import judge_for
 
     judge = judge_for(manifest)
@@ -39,16 +36,11 @@ def guard_budget(manifest: Any, images: Path | None, labeled: Path | None, notes
             notes.append("INT8 calibrated without an accuracy budget: --images has no labeled class sub-folders")
             return {}
         return {"eval_dir": labeled, "max_drop": GUARD_MAX_DROP}
-    from vitdeploy.stages.precision import calibrate
-
     budget = judge.budget("int8")
-    if "min_cosine" not in inspect.signature(calibrate).parameters:
-        notes.append("INT8 calibrated without a cosine budget (this calibrate has no --min-cosine guard); the receipt "
-                     f"judges it by cosine to FP32 (budget: mean {budget.min_cosine}, p1 {budget.min_cosine_p1})")
+    if images is None:  # calibrate's guard judges on an --eval folder, which here would be --images
+        notes.append(f"INT8 calibrated without a cosine budget: pass --images for the guard to hold it to a mean "
+                     f"cosine of {budget.min_cosine} to FP32 on them")
         return {}
-    if images is None:
-        notes.append("INT8 guarded on calibrate's own images: pass --images for the cosine guard to judge on yours")
-        return {"min_cosine": budget.min_cosine}
     return {"eval_dir": images, "min_cosine": budget.min_cosine}
 
 
