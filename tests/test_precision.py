@@ -274,11 +274,14 @@ def test_guard_excludes_sensitive_layers_until_the_budget_fits(
     loose = calibrate(work / "model.onnx", one, tmp_path / "loose.int8.onnx", batch_size=16, method="minmax",
                       quantize_attention=True, eval_dir=digits_folder)
     drop0 = loose.figures["drop_points"]
-    assert drop0 > 0.5, loose.figures
+    # The poor calibration loses images on every CPU measured (AVX2: over 0.5 points; AVX-512 VNNI, whose INT8 kernels
+    # round otherwise: 0.28, one image of 360), so the budget is set below what it lost: at least one image better.
+    assert drop0 > 0, loose.figures
+    budget = max(0.0, round(drop0 - 100.0 / loose.figures["images"], 4))
     calls.update(quantize_weight=0, insert_qdq=0)
     res = calibrate(work / "model.onnx", one, tmp_path / "guarded.int8.onnx", batch_size=16, method="minmax",
-                    quantize_attention=True, eval_dir=digits_folder, max_drop=0.5)
-    assert res.excluded and res.figures["drop_points"] <= 0.5
+                    quantize_attention=True, eval_dir=digits_folder, max_drop=budget)
+    assert res.excluded and res.figures["drop_points"] <= budget
     g = read_onnx_manifest(res.path).extra["guard"]
     assert g["met"] and g["excluded"] == res.excluded and g["before"]["drop_points"] == drop0
     assert len(g["sensitivity"]) == len(res.quantized) + len(res.excluded)
@@ -401,7 +404,13 @@ def test_verify_shows_fp32_fp16_int8_side_by_side(guarded, int8, fp16: Path, wor
     assert [r.backend for r in rep.results] == [default_backend(p) for p in paths]  # OpenVINO where installed
     assert h.tolerance.agreement == 0.999 and g.tolerance.agreement == 0.99
     assert h.passed and g.passed, (h.failures, g.failures)
-    assert g.agreement == pytest.approx(guarded.figures["agreement"]) and g.top1 == pytest.approx(guarded.figures["int8_top1"])
+    # the guard's recorded figures are verify's on the guard's own backend (auto picks OpenVINO for INT8 on a VNNI
+    # CPU, where its INT8 kernels round otherwise than ONNX Runtime's: 0.9944 vs 0.9917 agreement measured there)
+    backend = read_onnx_manifest(guarded.path).extra["guard"].get("backend", "onnxruntime")
+    same = g if g.backend == backend else verify(work / "model.onnx", [guarded.path], digits_folder / "val",
+                                                 backend=backend).results[1]
+    assert same.agreement == pytest.approx(guarded.figures["agreement"])
+    assert same.top1 == pytest.approx(guarded.figures["int8_top1"])
     # the default INT8 (every layer quantized) is judged by the same rule: passed exactly when agreement >= 99%
     assert d.passed == (d.agreement >= 0.99)
 

@@ -669,7 +669,8 @@ def calibrate(
         return q
 
     qmodel, excluded, figs, guard_info, _ = _quantize(model, manifest, layers, amax, eval_dir, crit, progress,
-                                                      backend, target, ev, as_written)
+                                                      backend, target, ev,
+                                                      as_written if float_type == "fp16" else None)
     quantized = [la.node for la in layers if la.node not in set(excluded)]
     qmodel = as_written(qmodel, excluded)
     if guard_info is not None and float_type == "fp16":
