@@ -38,11 +38,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.fileio import atomic_path
@@ -50,7 +48,6 @@ from vitdeploy.core.loaded import SourceReads
 from vitdeploy.core.manifest import Manifest, tool_versions
 from vitdeploy.core.preprocess import Preprocess
 from vitdeploy.core.task import CLASSIFIER, Task, pool_of
-from vitdeploy.model.checkpoint import Checkpoint, save_checkpoint
 from vitdeploy.model.data import (
     DIGITS_LABELS,
     DIGITS_NAME,
@@ -60,8 +57,14 @@ from vitdeploy.model.data import (
     require_every_class,
     stratified_indices,
 )
+from vitdeploy.model.presets import ViTConfig
 from vitdeploy.model.train_options import TrainOptions, check_options, dist_from_env
-from vitdeploy.model.vit import VisionTransformer, ViTConfig
+
+if TYPE_CHECKING:  # torch is imported where the work starts: every refusal before it comes without it
+    import torch
+
+    from vitdeploy.model.checkpoint import Checkpoint
+    from vitdeploy.model.vit import VisionTransformer
 
 CACHE_SUFFIX = ".features.npz"
 CACHE_VERSION = 1
@@ -156,6 +159,8 @@ def load_backbone(opts: TrainOptions) -> Backbone:
 
 
 def feature_model(bb: Backbone, device: torch.device) -> VisionTransformer:
+    from vitdeploy.model.vit import VisionTransformer
+
     model = VisionTransformer(bb.cfg, weight_init="skip")  # weights loaded next
     missing, unexpected = model.load_state_dict(bb.state, strict=False)
     if missing or unexpected:
@@ -208,6 +213,7 @@ def plan_images(data_dir: str | Path | None, init: str | Path | None = None) -> 
 def _image_batches(plan: ImagesPlan, pp: Preprocess, batch: int, workers: int
                    ) -> Iterator[tuple[list[int], np.ndarray, list[tuple[str, str]]]]:
     """(positions in plan.items, float32 NCHW batch, unreadable files) through the one preprocessing."""
+    import torch
     from PIL import Image
 
     from vitdeploy.core.preprocess import to_array
@@ -324,6 +330,8 @@ def _write_cache(path: Path, key: dict[str, Any], f: Features) -> str:
 def compute_features(bb: Backbone, plan: ImagesPlan, device: torch.device, batch: int, workers: int,
                      progress: Progress | None = None) -> Features:
     """The frozen backbone's features of every readable image of ``plan``, in batches of ``batch``."""
+    import torch
+
     t0 = time.perf_counter()
     model = feature_model(bb, device)
     n = len(plan.items)
@@ -369,6 +377,8 @@ def probe_features(data_dir: str | Path | None, opts: TrainOptions, progress: Pr
 
     device = _device(opts.device)
     if opts.threads:
+        import torch
+
         from vitdeploy.core.host import thread_count
 
         torch.set_num_threads(thread_count(opts.threads))
@@ -430,6 +440,8 @@ def fit_linear(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_va
     converges in tens of iterations to scikit-learn's newton-cholesky optimum. The features are not standardised:
     that would change the objective and favour directions of tiny variance, which INT8 and FP16 then drown.
     """
+    import torch
+
     t0 = time.perf_counter()
     if len(x_train) == 0 or len(x_val) == 0:
         raise VitdeployError("the linear probe needs train and val images: add images or a val/ folder")
@@ -445,6 +457,9 @@ def fit_linear(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_va
 
 def _fit_linear(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray, num_classes: int,
                 grid: tuple[float, ...], max_iter: int, t0: float) -> LinearFit:
+    import torch
+    import torch.nn.functional as F
+
     xt = torch.as_tensor(np.asarray(x_train), dtype=torch.float64)
     mu = xt.mean(0)
     xt = xt - mu
@@ -498,6 +513,10 @@ def _fit_linear(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_v
 def fold_linear(bb: Backbone, pool: str, fit: LinearFit, classes: list[str]) -> VisionTransformer:
     """The backbone with the probe as its classifier: the same weights, ``embed_pool`` the pooling read, the head
     ``fit``'s weight and bias (a distilled backbone's two heads both, so their mean is the probe)."""
+    import torch
+
+    from vitdeploy.model.vit import VisionTransformer
+
     changes: dict[str, Any] = {"num_classes": len(classes)}
     if pool:
         changes["embed_pool"] = pool
@@ -549,6 +568,8 @@ def train_probe(data_dir: str | Path | None, opts: TrainOptions, progress: Progr
     diff = _check_fold(model, bb, plan, feats, va, pool, fit)
     manifest = _manifest(bb, pool, fit, feats, len(tr), len(va), data_dir, opts, time.perf_counter() - t0)
     out = Path(opts.out)
+    from vitdeploy.model.checkpoint import save_checkpoint
+
     save_checkpoint(out, model, manifest)
     named = {bb.feature_pool(p): f for p, f in fits.items()}
     return ProbeResult(out, bb.feature_pool(pool), fit, feats, named, time.perf_counter() - t0, len(tr), len(va), diff)
@@ -558,6 +579,8 @@ def _check_fold(model: VisionTransformer, bb: Backbone, plan: ImagesPlan, feats:
                 fit: LinearFit, count: int = 8) -> float:
     """The folded model answers what the probe answers: its logits on a few val images against the head applied to
     their cached features (a folding error is orders of magnitude above the tolerance, float32 rounding far below)."""
+    import torch
+
     rows = va[:count]
     sub = ImagesPlan(plan.name, plan.classes, [plan.items[i] for i in feats.items[rows]], None, plan.key, plan.digits)
     got, ref = [], []
