@@ -57,7 +57,10 @@ def train(
     preset: Optional[str] = typer.Option(None, help="Model preset (see `vitdeploy presets`). Default: vit-digits."),
     image_size: Optional[int] = typer.Option(None, **bounded("image_size"), help="Input size (square), overriding the preset's."),
     patch_size: Optional[int] = typer.Option(None, **bounded("patch_size"), help="Patch size, overriding the preset's."),
-    pool: Optional[str] = typer.Option(None, help="Head on the 'cls' token or the 'mean' of patch tokens."),
+    pool: Optional[str] = typer.Option(
+        None, help="Head on the 'cls' token or the 'mean' of patch tokens. With --probe, the frozen features the head "
+        "reads: cls, mean or cls+mean (default: cls and cls+mean both fitted, the better on val kept, as DINOv2's "
+        "linear eval)."),
     epochs: Optional[int] = typer.Option(None, **bounded("epochs"), help="Epochs (default 40 on digits, 30 on a folder)."),
     batch_size: int = typer.Option(
         64, **bounded("batch"), help="Global batch: images per optimizer step, summed over the torchrun processes and --accum-steps."),
@@ -83,11 +86,20 @@ def train(
     workers: Optional[int] = typer.Option(
         None, **bounded("train_workers"), help="DataLoader worker processes per process (default: from the core count on CUDA, 0 on a CPU)."),
     accum_steps: int = typer.Option(1, **bounded("accum_steps"), help="Gradient accumulation: micro-batches per optimizer step."),
+    probe: Optional[str] = typer.Option(
+        None, metavar="linear|knn",
+        help="Keep the --init backbone frozen. linear: its features are computed once (cached in OUT.features.npz, "
+        "keyed by the backbone's SHA-256, the images and the preprocessing) and a linear head is fitted on them "
+        "(L2 logistic regression, its strength chosen on val, as DINOv2's eval/log_regression.py) and folded into a "
+        "classifier checkpoint that deploys like any other. knn: writes no checkpoint; reports the val top-1 of "
+        "DINOv2's weighted kNN (k=20, T=0.07) with the train images as the gallery, and keeps the features cache "
+        "for a --probe linear run after it. --batch-size is the feature batch; the fine-tuning options (--epochs, "
+        "--lr, --weight-decay, ...) are refused."),
 ) -> None:
     """Train a ViT on an image folder or the embedded digits set; writes a self-describing checkpoint.
 
     Under `torchrun --nproc-per-node N -m vitdeploy train ...` it trains with DistributedDataParallel;
-    rank 0 alone reports and writes the checkpoint.
+    rank 0 alone reports and writes the checkpoint. With --probe the backbone stays frozen: minutes instead of hours.
     """
     import contextlib
 
@@ -106,7 +118,7 @@ def train(
         preset=preset, image_size=image_size, patch_size=patch_size, pool=pool, epochs=epochs, batch_size=batch_size,
         lr=lr, weight_decay=weight_decay, label_smoothing=label_smoothing, augment=augment, seed=seed, out=out,
         resume=resume, init=init, arch=arch, labels=labels, device=device, val_fraction=val_fraction,
-        precision=precision, workers=workers, accum_steps=accum_steps,
+        precision=precision, workers=workers, accum_steps=accum_steps, probe=probe,
     )
     main_rank = dist_from_env().main
     try:  # a bad value is refused before model.train imports torch (train checks again, for library callers)
@@ -115,6 +127,9 @@ def train(
         if main_rank:
             raise
         raise typer.Exit(e.exit_code) from None  # the same on every rank: rank 0 says it, once
+    if probe is not None:
+        run_probe(data_dir, opts)
+        return
     from vitdeploy.model.train import train as run_train
 
     if main_rank:
@@ -168,6 +183,74 @@ def train(
     next_step(f"vitdeploy export {result.checkpoint}" + (f" -i {data_dir}" if data_dir else ""))
     if result.skipped:
         err_console.print(f"{len(result.skipped)} unreadable image(s) skipped")
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def run_probe(data_dir: Optional[Path], opts: object) -> None:
+    """train --probe: the features (a bar on a terminal while they are computed), then the linear head or the kNN."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+
+    from vitdeploy.model.probe import knn_ready, probe_features, train_probe
+    from vitdeploy.model.train_options import TrainOptions
+
+    assert isinstance(opts, TrainOptions)
+    live = err_console.is_terminal
+    prog = Progress(text_column("features", "bold"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    text_column("ETA"), TimeRemainingColumn(), console=err_console, transient=True, disable=not live)
+    say = prog.console if live else console
+
+    with prog:
+        bar = prog.add_task("features", total=None, visible=False)
+
+        def on_event(kind: str, d: dict) -> None:
+            if kind == "note":
+                say.print(f"note: {d['text']}", highlight=False, soft_wrap=True)
+            elif kind == "features":
+                size = "x".join(map(str, d["image_size"]))
+                say.print(f"features: {d['total']} images through {d['name']} at {size} ({d['pool']}, {d['dim']}-d) "
+                          f"on {d['device']}", highlight=False, soft_wrap=True)
+                prog.update(bar, total=d["total"], completed=0, visible=True)
+            elif kind == "features_batch":
+                prog.update(bar, completed=d["done"])
+            elif kind == "fit":
+                prog.update(bar, visible=False)
+
+        if opts.probe == "knn":
+            feats, bb, _ = probe_features(data_dir, opts, on_event)
+        else:
+            result = train_probe(data_dir, opts, on_event)
+            feats = result.features
+    where = f" → {feats.cache}" if feats.cache else ""
+    if feats.computed:
+        console.print(f"features of {len(feats.x)} images computed in {feats.seconds:.1f} s{where}", highlight=False)
+    else:
+        console.print(f"features of {len(feats.x)} images read from {feats.cache} (same backbone, images, "
+                      "preprocessing and pooling: nothing computed)", highlight=False)
+    for path, why in feats.skipped:
+        err_console.print(f"skipped {path}: {why}", highlight=False, soft_wrap=True)
+    if opts.probe == "knn":
+        from vitdeploy.checks.metrics import KNN_K, KNN_T, knn_predict
+
+        for pool, xt, yt, xv, yv in knn_ready(feats, bb, opts):
+            acc = float((knn_predict(xt, yt, xv, len(feats.classes)).argmax(1) == yv).mean())
+            console.print(f"kNN val top-1 {acc:.2%} on {pool} features (k={KNN_K}, T={KNN_T}, cosine-weighted votes as "
+                          f"DINOv2's eval/knn.py; {len(yt)} train images as the gallery, {len(yv)} val queries)",
+                          highlight=False)
+        console.print("no checkpoint written (kNN has no head to fold); for a deployable classifier: "
+                      "--probe linear", highlight=False)
+        next_step(f"vitdeploy train{f' {data_dir}' if data_dir else ''} --init {opts.init} --probe linear -o {opts.out}")
+    else:
+        for pool, f in result.fits.items():
+            mark = "  ← kept" if f is result.fit and len(result.fits) > 1 else ""
+            console.print(f"linear probe on {pool} features ({f.weight.shape[1]}-d): val top-1 "
+                          f"{f.val_accuracy:.2%} (train {f.train_accuracy:.2%}) at C={f.C:.3g}, chosen on val among "
+                          f"{len(f.sweep)}; {f.seconds:.1f} s{mark}", highlight=False)
+        console.print(f"wrote {result.checkpoint}: a {len(feats.classes)}-class classifier, the frozen backbone with the "
+                      f"probe folded in as its head ({result.train_images} train / {result.val_images} val images, "
+                      f"{result.seconds:.0f} s)", highlight=False)
+        next_step(f"vitdeploy export {result.checkpoint}" + (f" -i {data_dir}" if data_dir else ""))
+    if feats.skipped:
+        err_console.print(f"{len(feats.skipped)} unreadable image(s) skipped")
         raise typer.Exit(EXIT_PARTIAL)
 
 

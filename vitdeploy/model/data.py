@@ -211,6 +211,50 @@ def _decode(
     return Split(images, np.asarray(labels, np.int64), paths), skipped
 
 
+@dataclass
+class FolderPlan:
+    """An ImageFolder's classes and (file, class index) pairs, read from the folder names alone (nothing decoded).
+
+    ``val``: the pairs of its val/ folder when it has train/ and val/; None when the validation share is drawn from
+    ``train`` (``stratified_indices``)."""
+
+    root: Path
+    classes: list[str]
+    train: list[tuple[Path, int]]
+    val: list[tuple[Path, int]] | None
+
+
+def plan_image_folder(root: str | Path) -> FolderPlan:
+    """What ``load_image_folder`` will decode, with its refusals (no such folder, no class sub-folders, one class, a
+    val/ class that train/ lacks) made before any image is read: the frozen-feature probe keys its cache on it."""
+    r = Path(root)
+    if not r.exists():
+        raise VitdeployError(f"data folder {r} does not exist: pass a folder with one sub-folder per class")
+    if not r.is_dir():
+        raise VitdeployError(f"{r} is not a folder: pass a folder with one sub-folder per class")
+    has_split = (r / "train").is_dir() and (r / "val").is_dir()
+    classes, items = scan_image_folder(r / "train" if has_split else r)
+    if not classes or not items:
+        raise VitdeployError(f"{r} holds no images in class sub-folders: expected {r}/<class>/<image files>")
+    if len(classes) < 2:
+        raise VitdeployError(f"{r} has only one class ({classes[0]}): a classifier needs at least two class folders")
+    val_items: list[tuple[Path, int]] | None = None
+    if has_split:
+        v = read_labeled_folder(r / "val", classes, require=True, of=f"the classes of {r}/train")
+        val_items = list(zip(v.files, v.labels or [], strict=True))
+    return FolderPlan(r, classes, items, val_items)
+
+
+def require_every_class(labels: np.ndarray, classes: Sequence[str]) -> None:
+    """Refuse a training split in which a class has no readable image (one line naming the classes)."""
+    counts = np.bincount(np.asarray(labels, np.int64), minlength=len(classes)) if len(labels) else np.zeros(len(classes), int)
+    empty = [classes[i] for i in range(len(classes)) if counts[i] == 0]
+    if empty:
+        raise VitdeployError(
+            f"class folder(s) with no readable image: {', '.join(empty)} — add images or remove the folder"
+        )
+
+
 def load_image_folder(
     root: str | Path,
     pp: Preprocess,
@@ -228,49 +272,36 @@ def load_image_folder(
         def decode(items: Sequence[tuple[Path, int]]) -> tuple[Split, list[tuple[str, str]]]:
             return _decode(items, pp, progress)
 
-    r = Path(root)
-    if not r.exists():
-        raise VitdeployError(f"data folder {r} does not exist: pass a folder with one sub-folder per class")
-    if not r.is_dir():
-        raise VitdeployError(f"{r} is not a folder: pass a folder with one sub-folder per class")
-    has_split = (r / "train").is_dir() and (r / "val").is_dir()
-    classes, items = scan_image_folder(r / "train" if has_split else r)
-    if not classes or not items:
-        raise VitdeployError(f"{r} holds no images in class sub-folders: expected {r}/<class>/<image files>")
-    if len(classes) < 2:
-        raise VitdeployError(f"{r} has only one class ({classes[0]}): a classifier needs at least two class folders")
-    val_items: list[tuple[Path, int]] = []
-    if has_split:
-        v = read_labeled_folder(r / "val", classes, require=True, of=f"the classes of {r}/train")
-        val_items = list(zip(v.files, v.labels or [], strict=True))
-    train, skipped = decode(items)
-    counts = np.bincount(train.labels, minlength=len(classes)) if len(train) else np.zeros(len(classes), int)
-    empty = [classes[i] for i in range(len(classes)) if counts[i] == 0]
-    if empty:
-        raise VitdeployError(
-            f"class folder(s) with no readable image: {', '.join(empty)} — add images or remove the folder"
-        )
-    if has_split:
-        val, vskipped = decode(val_items)
+    plan = plan_image_folder(root)
+    train, skipped = decode(plan.train)
+    require_every_class(train.labels, plan.classes)
+    if plan.val is not None:
+        val, vskipped = decode(plan.val)
         skipped += vskipped
     else:
         train, val = _stratified_split(train, val_fraction, seed)
-    return Dataset(train, val, classes, r.name, skipped)
+    return Dataset(train, val, plan.classes, plan.root.name, skipped)
 
 
-def _stratified_split(s: Split, val_fraction: float, seed: int) -> tuple[Split, Split]:
+def stratified_indices(labels: np.ndarray, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """The seeded per-class train/val draw of a folder without val/ (indices into ``labels``, each sorted): a class's
+    share ``val_fraction`` (at least one image of a class that has two) goes to val."""
     rng = np.random.default_rng(seed)
     tr, va = [], []
-    for c in np.unique(s.labels):
-        ix = np.flatnonzero(s.labels == c)
+    for c in np.unique(labels):
+        ix = np.flatnonzero(labels == c)
         rng.shuffle(ix)
         n_val = int(round(len(ix) * val_fraction)) if len(ix) > 1 else 0
         n_val = max(1, n_val) if len(ix) > 1 else 0
         va += ix[:n_val].tolist()
         tr += ix[n_val:].tolist()
+    return sorted(tr), sorted(va)
+
+
+def _stratified_split(s: Split, val_fraction: float, seed: int) -> tuple[Split, Split]:
+    tr, va = stratified_indices(s.labels, val_fraction, seed)
 
     def sub(ix: list[int]) -> Split:
-        ix = sorted(ix)
         return Split([s.images[i] for i in ix], s.labels[ix], [s.paths[i] for i in ix])
 
     return sub(tr), sub(va)

@@ -206,6 +206,16 @@ class ViTConfig:
         return 2 * self.embed_dim if self.global_pool == "token_avg" else self.embed_dim
 
     @property
+    def embed_pools(self) -> tuple[str, ...]:
+        """The embed_pool values this model has (export --pool, train --probe --pool): with a class token and the final
+        norm over every token, all three as DINOv2 defines them; without a class token, mean; none for a model that
+        norms after its pooling, a distilled one, one without a final norm, or one whose projection (CLIP's, PE's) was
+        trained on its own pooling."""
+        if self.use_fc_norm or self.distilled or not self.final_norm or self.proj_dim:
+            return ()
+        return EMBED_POOLS[1:] if self.class_token else ("mean",)
+
+    @property
     def feature_dim(self) -> int:
         """The width of the vector the head reads: the pooled vector, or the projection's output."""
         return self.proj_dim or self.pooled_dim

@@ -408,6 +408,9 @@ def train(
     opts = opts or TrainOptions()
     t0 = time.perf_counter()
     check_options(opts)
+    if opts.probe is not None:
+        raise UsageError(f"opts.probe={opts.probe!r}: a frozen-feature probe is vitdeploy.model.probe.train_probe "
+                         "(train fine-tunes every weight)")
     if opts.resume and opts.init:
         raise UsageError("--resume and --init exclude each other: resume continues a run, init starts a new one")
     if (opts.arch or opts.labels) and not opts.init:

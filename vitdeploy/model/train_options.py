@@ -16,9 +16,12 @@ from pathlib import Path
 from vitdeploy.core.errors import UsageError
 from vitdeploy.core.fileio import check_output
 from vitdeploy.core.limits import check_range
+from vitdeploy.core.task import POOLS
 
 DEFAULT_PRESET = "vit-digits"
 PRECISIONS = ("bf16", "fp16", "fp32")
+# --probe: a head on the frozen --init backbone's features instead of fine-tuning every weight (model/probe.py)
+PROBES = ("linear", "knn")
 # Suffixes of the other artifacts: a checkpoint written under one of them would be mistaken for it.
 _NOT_CHECKPOINT_SUFFIXES = (".onnx", ".engine", ".plan", ".json", ".txt", ".png", ".jpg")
 
@@ -48,6 +51,7 @@ class TrainOptions:
     precision: str | None = None  # bf16, fp16, fp32; None: bf16 (else fp16) on CUDA, fp32 on a CPU
     workers: int | None = None  # DataLoader worker processes; None: from the core count
     accum_steps: int = 1  # gradient accumulation: micro-batches per optimizer step
+    probe: str | None = None  # "linear" | "knn": a head on the frozen --init backbone's features (model/probe.py)
 
 
 def check_options(opts: TrainOptions) -> None:
@@ -86,11 +90,44 @@ def check_options(opts: TrainOptions) -> None:
         check_range(option, value, idea)
     if opts.precision is not None and opts.precision not in PRECISIONS:
         raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, not {opts.precision!r}")
+    if opts.probe is not None:
+        check_probe_options(opts)
     if opts.preset is not None:
         from vitdeploy.model.presets import get_preset
 
         get_preset(opts.preset)  # an unknown one raises UnknownPreset, a usage error
     _check_out(Path(opts.out), opts.init)
+
+
+# The options of full fine-tuning (name, field): a probe fits its head on frozen features in one full-batch solve,
+# so none of them would do anything; given with --probe they are refused rather than silently ignored.
+_FINE_TUNING_ONLY = (("--epochs", "epochs"), ("--lr", "lr"), ("--weight-decay", "weight_decay"),
+                     ("--label-smoothing", "label_smoothing"), ("--accum-steps", "accum_steps"),
+                     ("--precision", "precision"), ("warmup_epochs", "warmup_epochs"))
+
+
+def check_probe_options(opts: TrainOptions) -> None:
+    """--probe's refusals, before any work (exit 2): an unknown probe, no backbone, and every option it would ignore."""
+    if opts.probe not in PROBES:
+        raise UsageError(f"--probe must be one of {', '.join(PROBES)}, not {opts.probe!r}")
+    if opts.init is None:
+        raise UsageError(f"--probe {opts.probe} reads the features of a frozen backbone: pass it with --init (a "
+                         "vitdeploy checkpoint, a Hugging Face folder, or a timm state dict with --arch)")
+    if opts.resume is not None:
+        raise UsageError("--probe fits a new head on a frozen backbone and has nothing to resume: drop --resume")
+    for option, value in (("--preset", opts.preset), ("--patch-size", opts.patch_size)):
+        if value is not None:
+            raise UsageError(f"{option} with --probe: the backbone (--init) keeps its architecture; drop {option}")
+    if opts.pool is not None and opts.pool not in POOLS:
+        raise UsageError(f"--pool with --probe names the features the head reads: {', '.join(POOLS)}, "
+                         f"not {opts.pool!r}")
+    defaults = TrainOptions()
+    given = [option for option, name in _FINE_TUNING_ONLY if getattr(opts, name) != getattr(defaults, name)]
+    if given:
+        what = ("fits its head in one full-batch solve, its L2 penalty chosen on val" if opts.probe == "linear"
+                else "has no training at all")
+        raise UsageError(f"{', '.join(given)} with --probe {opts.probe}: full fine-tuning options, and the probe "
+                         f"{what}; drop {'them' if len(given) > 1 else 'it'} (or drop --probe to fine-tune every weight)")
 
 
 def _check_out(out: Path, init: str | Path | None = None) -> None:

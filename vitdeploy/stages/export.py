@@ -244,12 +244,8 @@ class EmbeddingOptions:
 
 
 def _pools_of(cfg: Any) -> tuple[str, ...]:
-    """The --pool values a model has: with a class token and the final norm over every token, all three (as DINOv2
-    defines them); without a class token, mean; a model that norms after pooling, a distilled one, or one whose
-    projection (CLIP's, PE's) was trained on its own pooling: none."""
-    if cfg.use_fc_norm or cfg.distilled or not cfg.final_norm or cfg.proj_dim:
-        return ()
-    return POOLS if cfg.class_token else ("mean",)
+    """The --pool values a model has (ViTConfig.embed_pools, the one rule, which train --probe shares)."""
+    return tuple(cfg.embed_pools)
 
 
 def _clean(m: onnx.ModelProto, manifest: Manifest, opset: int) -> onnx.ModelProto:
