@@ -157,60 +157,26 @@ def int8_entry() -> Path:
 FAMILY_TRAIN = {"epochs": 4, "batch_size": 32, "warmup_epochs": 1.0, "seed": 0, "threads": 1}
 
 
-def family_ckpt_entry(name: str, knobs: dict[str, object]) -> Path:
-    """The folder holding ``ckpt.pth``: the vit-digits preset with the family's knobs, randomly initialised and
-    fine-tuned from that by ``train --init``'s code (the config comes from the --init checkpoint) for FAMILY_TRAIN."""
+def _train_family(folder: Path, name: str, knobs: dict[str, object], source: Path | None = None,
+                  epochs: int | None = None) -> None:
+    """``folder/ckpt.pth``: the vit-digits preset with the family's knobs, randomly initialised (or, from ``source``,
+    its weights taken where the names and shapes agree: the position embedding's patch rows where one has a class
+    token the other lacks), then fine-tuned by ``train --init``'s code for FAMILY_TRAIN (``epochs`` replacing its own)."""
+    import torch
 
-    def make(folder: Path) -> None:
-        import torch
+    from vitdeploy.core.manifest import Manifest
+    from vitdeploy.model.checkpoint import load_checkpoint, save_checkpoint
+    from vitdeploy.model.data import DIGITS_LABELS
+    from vitdeploy.model.train import TrainOptions, train
+    from vitdeploy.model.vit import VisionTransformer, get_preset
 
-        from vitdeploy.core.manifest import Manifest
-        from vitdeploy.model.checkpoint import save_checkpoint
-        from vitdeploy.model.data import DIGITS_LABELS
-        from vitdeploy.model.train import TrainOptions, train
-        from vitdeploy.model.vit import VisionTransformer, get_preset
-
-        preset = get_preset("vit-digits")
-        threads = torch.get_num_threads()
-        try:
-            torch.set_num_threads(1)
-            torch.manual_seed(0)
-            model = VisionTransformer(preset.config.with_(**knobs))
-            init = folder / "init.pth"
-            save_checkpoint(init, model, Manifest(model=model.cfg.to_dict(), labels=list(DIGITS_LABELS),
-                                                  preprocess=dict(preset.preprocess), name=f"vit-digits-{name}"))
-            train(None, TrainOptions(out=folder / "ckpt.pth", init=init, **FAMILY_TRAIN))  # type: ignore[arg-type]
-            init.unlink()
-        finally:
-            torch.set_num_threads(threads)
-
-    key = code_hash(["model/*.py", "core/preprocess.py"], sorted(knobs.items()), FAMILY_TRAIN)
-    return cached_folder(f"family-{name}-{key}", make)
-
-
-def warm_family_entry(name: str, knobs: dict[str, object], source: Path, epochs: int = 3) -> Path:
-    """The folder holding ``ckpt.pth``: the vit-digits preset with the family's knobs, its weights taken from the
-    trained checkpoint ``source`` where the names and shapes agree (the position embedding's patch rows where one has a
-    class token the other lacks), the rest (a MAP head, a projection, a new classifier) initialised, then fine-tuned
-    by ``train --init``'s code for ``epochs``. For a family that learns too slowly from scratch in FAMILY_TRAIN's few
-    epochs (the MAP head: 16% val top-1 after 4 epochs, its pooled vectors nearly one per cluster), or a knob the
-    family cache does not train (CLIP's projection), at a fraction of a fresh training's cost."""
-
-    def make(folder: Path) -> None:
-        import torch
-
-        from vitdeploy.core.manifest import Manifest
-        from vitdeploy.model.checkpoint import load_checkpoint, save_checkpoint
-        from vitdeploy.model.data import DIGITS_LABELS
-        from vitdeploy.model.train import TrainOptions, train
-        from vitdeploy.model.vit import VisionTransformer, get_preset
-
-        preset = get_preset("vit-digits")
-        threads = torch.get_num_threads()
-        try:
-            torch.set_num_threads(1)
-            torch.manual_seed(0)
-            model = VisionTransformer(preset.config.with_(**knobs))
+    preset = get_preset("vit-digits")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        model = VisionTransformer(preset.config.with_(**knobs))
+        if source is not None:
             src = load_checkpoint(source).state_dict
             own = model.state_dict()
             for k, v in own.items():
@@ -220,17 +186,32 @@ def warm_family_entry(name: str, knobs: dict[str, object], source: Path, epochs:
                 elif k == "pos_embed" and w is not None and w.shape[1] > v.shape[1] and w.shape[2] == v.shape[2]:
                     own[k] = w[:, w.shape[1] - v.shape[1]:]  # the patch positions come last, after any prefix tokens
             model.load_state_dict(own)
-            init = folder / "init.pth"
-            save_checkpoint(init, model, Manifest(model=model.cfg.to_dict(), labels=list(DIGITS_LABELS),
-                                                  preprocess=dict(preset.preprocess), name=f"vit-digits-{name}"))
-            train(None, TrainOptions(out=folder / "ckpt.pth", init=init, **{**FAMILY_TRAIN, "epochs": epochs}))  # type: ignore[arg-type]
-            init.unlink()
-        finally:
-            torch.set_num_threads(threads)
+        init = folder / "init.pth"
+        save_checkpoint(init, model, Manifest(model=model.cfg.to_dict(), labels=list(DIGITS_LABELS),
+                                              preprocess=dict(preset.preprocess), name=f"vit-digits-{name}"))
+        opts = {**FAMILY_TRAIN, **({"epochs": epochs} if epochs is not None else {})}
+        train(None, TrainOptions(out=folder / "ckpt.pth", init=init, **opts))  # type: ignore[arg-type]
+        init.unlink()
+    finally:
+        torch.set_num_threads(threads)
 
+
+def family_ckpt_entry(name: str, knobs: dict[str, object]) -> Path:
+    """The folder holding ``ckpt.pth``: the vit-digits preset with the family's knobs, randomly initialised and
+    fine-tuned from that by ``train --init``'s code (the config comes from the --init checkpoint) for FAMILY_TRAIN."""
+    key = code_hash(["model/*.py", "core/preprocess.py"], sorted(knobs.items()), FAMILY_TRAIN)
+    return cached_folder(f"family-{name}-{key}", lambda folder: _train_family(folder, name, knobs))
+
+
+def warm_family_entry(name: str, knobs: dict[str, object], source: Path, epochs: int = 3) -> Path:
+    """The folder holding ``ckpt.pth``: the family's model started from the trained checkpoint ``source`` (the rest —
+    a MAP head, a projection, a new classifier — initialised), then fine-tuned for ``epochs``. For a family that
+    learns too slowly from scratch in FAMILY_TRAIN's few epochs (the MAP head: 16% val top-1 after 4 epochs, its pooled
+    vectors nearly one per cluster), or a knob the family cache does not train (CLIP's projection), at a fraction of a
+    fresh training's cost."""
     key = code_hash(["model/*.py", "core/preprocess.py"], sorted(knobs.items()), source.parent.name, epochs,
                     FAMILY_TRAIN)
-    return cached_folder(f"warm-{name}-{key}", make)
+    return cached_folder(f"warm-{name}-{key}", lambda folder: _train_family(folder, name, knobs, source, epochs))
 
 
 PROBE_SCRIPT = REPO / "scripts" / "probe_bad_inputs.py"

@@ -194,6 +194,13 @@ figure.thumb img { image-rendering: pixelated; width: 96px; height: 96px; object
 """
 
 
+
+def _skipped(skipped: list[tuple[str, str]]) -> str:
+    """The line naming the unreadable images a report passed over (the first ten)."""
+    return (f'<p class="muted">{len(skipped)} unreadable image(s) skipped: '
+            + ", ".join(_e(p) for p, _ in skipped[:10]) + ("…" if len(skipped) > 10 else "") + "</p>")
+
+
 def _e(x: Any) -> str:
     """Text for the page: controls, bidi overrides and line separators escaped (core.text), then HTML-escaped."""
     return html.escape(printable(x), quote=True)
@@ -295,8 +302,7 @@ def _write_report(report: VerifyReport | EmbeddingVerifyReport, out_dir: str | P
     for n in report.notes:
         body.append(f'<p class="muted">note: {_e(n)}</p>')
     if report.skipped:
-        body.append(f'<p class="muted">{len(report.skipped)} unreadable image(s) skipped: '
-                    + ", ".join(_e(p) for p, _ in report.skipped[:10]) + ("…" if len(report.skipped) > 10 else "") + "</p>")
+        body.append(_skipped(report.skipped))
 
     body.append("<h2>Accuracy and agreement</h2>")
     plot_accuracy(report, out / "accuracy.png")
@@ -485,8 +491,7 @@ def _embedding_body(report: EmbeddingVerifyReport, out: Path, worst: int) -> lis
     for n in report.notes:
         body.append(f'<p class="muted">note: {_e(n)}</p>')
     if report.skipped:
-        body.append(f'<p class="muted">{len(report.skipped)} unreadable image(s) skipped: '
-                    + ", ".join(_e(p) for p, _ in report.skipped[:10]) + ("…" if len(report.skipped) > 10 else "") + "</p>")
+        body.append(_skipped(report.skipped))
 
     body.append("<h2>Per-image cosine to the reference</h2>")
     plot_cosine(report, out / "cosine.png")

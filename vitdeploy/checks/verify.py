@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -138,22 +138,20 @@ class ArtifactResult:
         }
 
 
-@dataclass
-class VerifyReport:
-    results: list[ArtifactResult]  # the reference first, then the candidates in argument order
-    paths: list[str]  # the images measured, in order (unreadable ones are in ``skipped``)
-    labels: np.ndarray | None  # class index (into class_labels) per image, or None for a flat folder
-    class_labels: list[str]
-    images: str
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+R = TypeVar("R", "ArtifactResult", "EmbeddingResult")
+
+
+class _Results(Generic[R]):
+    """What verify's two reports share: the reference first, then the candidates; passed when every one passed."""
+
+    results: list[R]
 
     @property
-    def reference(self) -> ArtifactResult:
+    def reference(self) -> R:
         return self.results[0]
 
     @property
-    def candidates(self) -> list[ArtifactResult]:
+    def candidates(self) -> list[R]:
         return self.results[1:]
 
     @property
@@ -163,6 +161,17 @@ class VerifyReport:
     @property
     def failures(self) -> list[str]:
         return [f"{r.artifact}: {f}" for r in self.results for f in r.failures]
+
+
+@dataclass
+class VerifyReport(_Results["ArtifactResult"]):
+    results: list[ArtifactResult]  # the reference first, then the candidates in argument order
+    paths: list[str]  # the images measured, in order (unreadable ones are in ``skipped``)
+    labels: np.ndarray | None  # class index (into class_labels) per image, or None for a flat folder
+    class_labels: list[str]
+    images: str
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -231,7 +240,7 @@ class EmbeddingResult:
 
 
 @dataclass
-class EmbeddingVerifyReport:
+class EmbeddingVerifyReport(_Results["EmbeddingResult"]):
     """verify's report for an embedding model: the reference first, then the candidates in argument order."""
 
     task: Task
@@ -243,22 +252,6 @@ class EmbeddingVerifyReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     grid: tuple[int, int] | None = None  # the patch grid (rows, columns) of the patch-token maps
-
-    @property
-    def reference(self) -> EmbeddingResult:
-        return self.results[0]
-
-    @property
-    def candidates(self) -> list[EmbeddingResult]:
-        return self.results[1:]
-
-    @property
-    def passed(self) -> bool:
-        return all(r.passed for r in self.results)
-
-    @property
-    def failures(self) -> list[str]:
-        return [f"{r.artifact}: {f}" for r in self.results for f in r.failures]
 
     def lowest(self, result: EmbeddingResult, n: int = LOWEST_SHOWN) -> list[dict[str, Any]]:
         """The ``n`` images a candidate answers least like the reference: path and cosine, lowest first."""
