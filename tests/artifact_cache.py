@@ -198,7 +198,13 @@ def _train_family(folder: Path, name: str, knobs: dict[str, object], source: Pat
 
 def family_ckpt_entry(name: str, knobs: dict[str, object]) -> Path:
     """The folder holding ``ckpt.pth``: the vit-digits preset with the family's knobs, randomly initialised and
-    fine-tuned from that by ``train --init``'s code (the config comes from the --init checkpoint) for FAMILY_TRAIN."""
+    fine-tuned from that by ``train --init``'s code (the config comes from the --init checkpoint) for FAMILY_TRAIN.
+
+    A MAP-head model learns too slowly from scratch in those few epochs (16-17% val top-1, near-tied logits whose
+    argmax any rounding flips: the families' INT8 agreement then measured the tie, 0.97 on one CPU), so it starts from
+    the trained digits ViT's weights instead (warm_family_entry: the blocks carry over, the MAP head is new)."""
+    if knobs.get("global_pool") == "map":
+        return warm_family_entry(name, knobs, ckpt_entry() / "ckpt.pth", epochs=3)
     key = code_hash(["model/*.py", "core/preprocess.py"], sorted(knobs.items()), FAMILY_TRAIN)
     return cached_folder(f"family-{name}-{key}", lambda folder: _train_family(folder, name, knobs))
 
