@@ -190,7 +190,7 @@ def run_probe(data_dir: Optional[Path], opts: object) -> None:
     """train --probe: the features (a bar on a terminal while they are computed), then the linear head or the kNN."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
 
-    from vitdeploy.model.probe import knn_ready, probe_features, train_probe
+    from vitdeploy.model.probe import C_GRID, knn_ready, probe_features, train_probe
     from vitdeploy.model.train_options import TrainOptions
 
     assert isinstance(opts, TrainOptions)
@@ -238,13 +238,15 @@ def run_probe(data_dir: Optional[Path], opts: object) -> None:
                           highlight=False)
         console.print("no checkpoint written (kNN has no head to fold); for a deployable classifier: "
                       "--probe linear", highlight=False)
-        next_step(f"vitdeploy train{f' {data_dir}' if data_dir else ''} --init {opts.init} --probe linear -o {opts.out}")
+        same = [("--arch", opts.arch), ("--labels", opts.labels), ("--image-size", opts.image_size), ("--pool", opts.pool)]
+        flags = "".join(f" {k} {v}" for k, v in same if v is not None)
+        next_step(f"vitdeploy train{f' {data_dir}' if data_dir else ''} --init {opts.init}{flags} --probe linear -o {opts.out}")
     else:
         for pool, f in result.fits.items():
             mark = "  ← kept" if f is result.fit and len(result.fits) > 1 else ""
             console.print(f"linear probe on {pool} features ({f.weight.shape[1]}-d): val top-1 "
                           f"{f.val_accuracy:.2%} (train {f.train_accuracy:.2%}) at C={f.C:.3g}, chosen on val among "
-                          f"{len(f.sweep)}; {f.seconds:.1f} s{mark}", highlight=False)
+                          f"{len(f.sweep)} of {len(C_GRID)}; {f.seconds:.1f} s{mark}", highlight=False)
         console.print(f"wrote {result.checkpoint}: a {len(feats.classes)}-class classifier, the frozen backbone with the "
                       f"probe folded in as its head ({result.train_images} train / {result.val_images} val images, "
                       f"{result.seconds:.0f} s)", highlight=False)

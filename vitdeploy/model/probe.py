@@ -17,7 +17,8 @@ The recipe, DINOv2's ``eval/log_regression.py`` in its choose-on-val mode (``--f
   scikit-learn's ``LogisticRegression(C)`` minimises (mean cross-entropy + ||W||² / (2·C·N), bias unpenalised), so
   the two can be held against each other on the same features (``tests/test_feature_probe.py``). C is swept over DINOv2's
   grid (``C_POWER_RANGE``: 10^linspace(-6, 5, 45)), strongest penalty first, each fit warm-starting the next; the
-  best val top-1 wins (ties: the stronger penalty, as DINOv2's tracker keeps the first best). Without ``--pool`` both
+  best val top-1 wins (ties: the stronger penalty, as DINOv2's tracker keeps the first best). Every C is fitted: a
+  sweep stopped after some Cs without a better val top-1 stopped at the flat strong-penalty start on a small set. Without ``--pool`` both
   cls and cls+mean are fitted (DINOv2's ``avgpool`` False/True) and the better one is kept. Choosing on val is what
   ``train`` does with its epochs; the val top-1 reported is the one the choice was made on, as DINOv2 reports it.
 - **Fold**: logits = W·f + b is the ViT's own head over the chosen pooling (``num_classes`` = the folder's classes,
