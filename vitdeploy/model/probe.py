@@ -29,10 +29,8 @@ The features are cached beside the checkpoint (``<out>.features.npz``), keyed by
 sizes and modification times. A second run with the same key computes no features; a stale cache is recomputed,
 said in one line.
 
-``--probe knn`` writes no checkpoint (a kNN has no head to fold): it reports the val top-1 of DINOv2's weighted kNN
-(``eval/knn.py``; checks.metrics.knn_predict, called by the CLI, one layer up) over the same cached features, the
-train images as the gallery. kNN as a deployed mode is ``infer --gallery``; as a figure of an embedding model,
-``verify``.
+``--probe knn`` (tools/knn_probe.py, a layer up, beside checks.metrics' kNN) reads the same cached features and
+writes no checkpoint.
 
 Torch is imported where the work starts, so every refusal (options, a folder without classes) comes without it.
 """
@@ -635,18 +633,3 @@ def _manifest(bb: Backbone, pool: str, fit: LinearFit, feats: Features, n_train:
                   "features_cached": not feats.computed}
     m.extra["task"] = Task(CLASSIFIER, len(feats.classes), probe=probe).to_dict()
     return m
-
-
-def knn_ready(feats: Features, bb: Backbone, opts: TrainOptions) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """For ``--probe knn``: per pooling, (name, train features, train labels, val features, val labels); the kNN
-    itself is checks.metrics.knn_predict (DINOv2's eval/knn.py), which the CLI calls."""
-    tr, va = feats.split(opts.val_fraction, opts.seed)
-    if len(va) == 0:
-        raise VitdeployError("too few images to hold out a validation split; add images or a val/ folder")
-    out = []
-    for pool in bb.candidates(opts.pool):
-        x = bb.select(feats.x, pool)
-        out.append((bb.feature_pool(pool), x[tr], feats.labels[tr], x[va], feats.labels[va]))
-    return out
-
-
