@@ -44,13 +44,28 @@ def save_dinov2(folder: Path, seed: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def digits_probe(digits_ckpt: Path, digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The digits ViT as a frozen backbone, a linear probe on its cls+mean features over the digits folder."""
+def digits_small(digits_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The digits folder with 30 train images a class (300) and its whole val/ (360: one image is 0.28 points):
+    scikit-learn's exact solver builds its Hessian over every train image at every step."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("digits_small")
+    shutil.copytree(digits_folder / "val", root / "val")
+    for d in sorted((digits_folder / "train").iterdir()):
+        (root / "train" / d.name).mkdir(parents=True)
+        for f in sorted(d.iterdir())[:30]:
+            shutil.copy(f, root / "train" / d.name / f.name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def digits_probe(digits_ckpt: Path, digits_small: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The digits ViT as a frozen backbone, a linear probe on its cls+mean features over the digits images."""
     from vitdeploy.model.probe import train_probe
     from vitdeploy.model.train_options import TrainOptions
 
     out = tmp_path_factory.mktemp("probe") / "probe.pth"
-    return train_probe(digits_folder, TrainOptions(init=digits_ckpt, probe="linear", pool="cls+mean", out=out))
+    return train_probe(digits_small, TrainOptions(init=digits_ckpt, probe="linear", pool="cls+mean", out=out))
 
 
 def sklearn_objective(model: Any, x: np.ndarray, y: np.ndarray, c: float) -> float:
@@ -61,7 +76,7 @@ def sklearn_objective(model: Any, x: np.ndarray, y: np.ndarray, c: float) -> flo
 
 
 # Cs where scikit-learn's exact solver is checked beside the chosen one: newton-cholesky builds the 1,930-parameter
-# Hessian at every step (2-3 CPU-s a fit on 2 cores; more at the large C the probe chooses), so two of the 45
+# Hessian at every step (seconds a fit on 2 cores; more at the large C the probe chooses), so two of the 45
 SKLEARN_CS = (1e-3, 1.0)
 # The probe stops at a preconditioned gradient of 1e-5 (model/probe.py GRAD_TOL): at the largest Cs, where the digits
 # features are nearly separable, measured 0.3% above the exact optimum's objective; 1% is the margin.
@@ -125,8 +140,7 @@ def test_folded_classifier_onnx_is_the_head_on_the_features(digits_probe: Any, d
     assert (got.argmax(1) == on_cache.argmax(1)).all()
 
 
-def test_folded_checkpoint_is_the_backbone_with_the_probe_as_its_head(digits_probe: Any, digits_ckpt: Path,
-                                                                     digits_folder: Path) -> None:
+def test_folded_checkpoint_is_the_backbone_with_the_probe_as_its_head(digits_probe: Any, digits_ckpt: Path) -> None:
     """The manifest says what it is (a classifier of the folder's classes; task.probe: linear, its features, the
     backbone's SHA-256); the backbone's weights are unchanged; only the head is new."""
     from vitdeploy.core.fileio import source_sha256
@@ -216,27 +230,29 @@ def test_features_are_cached_and_reused(dinov2_cli: dict[str, Any]) -> None:
 
 
 def test_stale_cache_is_recomputed_when_the_backbone_changes(dinov2_cli: dict[str, Any], digits_val10: Path) -> None:
-    """The same folder re-saved with other weights: the cache's key names the old backbone, so the run says so in
-    one note and computes the features again, now keyed by the new bytes."""
+    """The same folder re-saved with other weights: the cache's key names the old backbone, so the features are
+    computed again, said in one note, and kept under the new bytes' SHA-256; the next read computes nothing."""
     from vitdeploy.core.fileio import source_sha256
-    from vitdeploy.model.probe import cache_path, train_probe
+    from vitdeploy.model.probe import cache_path, probe_features
     from vitdeploy.model.train_options import TrainOptions
 
     work = dinov2_cli["work"]
     out = work / "stale.pth"
     (work / "p.pth.features.npz").replace(cache_path(out))  # the cache of the CLI runs, made from seed 0
     backbone = save_dinov2(work / "dinov2", seed=1)
+    opts = TrainOptions(init=backbone, probe="linear", out=out)
     events: list[tuple[str, dict[str, Any]]] = []
-    r = train_probe(digits_val10, TrainOptions(init=backbone, probe="linear", out=out),
-                    lambda kind, d: events.append((kind, d)))
+    feats, _, _ = probe_features(digits_val10, opts, lambda kind, d: events.append((kind, d)))
     notes = [d["text"] for kind, d in events if kind == "note"]
     assert len(notes) == 1 and "is stale (made from another backbone" in notes[0], notes
-    assert r.features.computed and any(kind == "features" for kind, _ in events)
+    assert feats.computed and any(kind == "features" for kind, _ in events)
     with np.load(cache_path(out)) as z:
         assert json.loads(str(z["key"]))["backbone_sha256"] == source_sha256(backbone)
+        assert np.array_equal(z["features"], feats.x)
     events.clear()
-    r = train_probe(digits_val10, TrainOptions(init=backbone, probe="linear", out=out), lambda k, d: events.append((k, d)))
-    assert not r.features.computed and not any(kind in ("note", "features") for kind, _ in events), events
+    again, _, _ = probe_features(digits_val10, opts, lambda kind, d: events.append((kind, d)))
+    assert not again.computed and events == [] and np.array_equal(again.x, feats.x)
+    assert not out.exists()  # features only: no checkpoint
 
 
 def test_library_train_refuses_a_probe_and_points_to_train_probe(tmp_path: Path) -> None:
@@ -245,3 +261,44 @@ def test_library_train_refuses_a_probe_and_points_to_train_probe(tmp_path: Path)
 
     with pytest.raises(UsageError, match="train_probe"):
         train(None, TrainOptions(init=tmp_path / "x.pth", probe="linear", out=tmp_path / "o.pth"))
+
+
+def save_small(path: Path, **knobs: Any) -> Path:
+    """A 1-block vit-digits-sized backbone with ``knobs`` (random weights), as a vitdeploy checkpoint."""
+    from vitdeploy.core.manifest import Manifest
+    from vitdeploy.model.checkpoint import save_checkpoint
+    from vitdeploy.model.presets import get_preset
+    from vitdeploy.model.vit import VisionTransformer
+
+    preset = get_preset("vit-digits")
+    torch.manual_seed(0)
+    model = VisionTransformer(preset.config.with_(depth=1, num_classes=0, **knobs))
+    save_checkpoint(path, model, Manifest(model=model.cfg.to_dict(), labels=[], preprocess=dict(preset.preprocess)))
+    return path
+
+
+@pytest.mark.parametrize("knobs", [{"distilled": True}, {"proj_dim": 16, "l2_norm": True}],
+                         ids=["distilled", "clip-like projection"])
+def test_backbones_that_pool_their_own_way_fold_their_own_features(knobs: dict[str, Any], digits_val10: Path,
+                                                                  tmp_path: Path) -> None:
+    """A distilled backbone (its vector the mean of the class and distillation tokens) and a CLIP-like one (projected,
+    L2-normalised) offer no other pooling: the probe reads their own vector, --pool is refused naming that, and the
+    fold puts the head where their own classifier goes (both of a distilled model's heads, so their mean is the
+    probe). train_probe checks the folded model's logits against the probe's on val images before writing."""
+    from vitdeploy.core.errors import UsageError
+    from vitdeploy.model.checkpoint import load_checkpoint
+    from vitdeploy.model.probe import train_probe
+    from vitdeploy.model.train_options import TrainOptions
+
+    backbone = save_small(tmp_path / "backbone.pth", **knobs)
+    with pytest.raises(UsageError, match="own .* pooling only"):
+        train_probe(digits_val10, TrainOptions(init=backbone, probe="linear", pool="cls+mean", out=tmp_path / "p.pth"))
+    assert not (tmp_path / "p.pth").exists() and not (tmp_path / "p.pth.features.npz").exists()
+    r = train_probe(digits_val10, TrainOptions(init=backbone, probe="linear", out=tmp_path / "p.pth"))
+    assert list(r.fits) == [r.pool] == (["distilled"] if "distilled" in knobs else ["cls"])
+    ck = load_checkpoint(r.checkpoint)
+    assert ck.manifest.model["num_classes"] == 10 and "embed_pool" not in ck.manifest.model
+    assert r.fit.weight.shape == (10, 16 if "proj_dim" in knobs else 96)
+    if "distilled" in knobs:
+        assert torch.equal(ck.state_dict["head.weight"], ck.state_dict["head_dist.weight"])
+    assert r.folded_max_abs_diff <= 1e-4

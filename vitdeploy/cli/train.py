@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.table import Table
@@ -11,6 +11,9 @@ from rich.table import Table
 from vitdeploy.cli.app import app, console, emit_json, err_console, handle_errors, next_step, text_column
 from vitdeploy.cli.options import JSON_HELP, bounded
 from vitdeploy.core.errors import EXIT_PARTIAL
+
+if TYPE_CHECKING:
+    from vitdeploy.model.train_options import TrainOptions
 
 
 @app.command()
@@ -186,14 +189,12 @@ def train(
         raise typer.Exit(EXIT_PARTIAL)
 
 
-def run_probe(data_dir: Optional[Path], opts: object) -> None:
+def run_probe(data_dir: Optional[Path], opts: TrainOptions) -> None:
     """train --probe: the features (a bar on a terminal while they are computed), then the linear head or the kNN."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
 
-    from vitdeploy.model.probe import knn_ready, probe_features, train_probe
-    from vitdeploy.model.train_options import TrainOptions
-
-    assert isinstance(opts, TrainOptions)
+    from vitdeploy.model.probe import C_GRID, train_probe
+    from vitdeploy.tools.knn_probe import knn_probe
     live = err_console.is_terminal
     prog = Progress(text_column("features", "bold"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     text_column("ETA"), TimeRemainingColumn(), console=err_console, transient=True, disable=not live)
@@ -216,7 +217,7 @@ def run_probe(data_dir: Optional[Path], opts: object) -> None:
                 prog.update(bar, visible=False)
 
         if opts.probe == "knn":
-            feats, bb, _ = probe_features(data_dir, opts, on_event)
+            feats, figures = knn_probe(data_dir, opts, on_event)
         else:
             result = train_probe(data_dir, opts, on_event)
             feats = result.features
@@ -229,22 +230,23 @@ def run_probe(data_dir: Optional[Path], opts: object) -> None:
     for path, why in feats.skipped:
         err_console.print(f"skipped {path}: {why}", highlight=False, soft_wrap=True)
     if opts.probe == "knn":
-        from vitdeploy.checks.metrics import KNN_K, KNN_T, knn_predict
+        from vitdeploy.checks.metrics import KNN_K, KNN_T
 
-        for pool, xt, yt, xv, yv in knn_ready(feats, bb, opts):
-            acc = float((knn_predict(xt, yt, xv, len(feats.classes)).argmax(1) == yv).mean())
-            console.print(f"kNN val top-1 {acc:.2%} on {pool} features (k={KNN_K}, T={KNN_T}, cosine-weighted votes as "
-                          f"DINOv2's eval/knn.py; {len(yt)} train images as the gallery, {len(yv)} val queries)",
-                          highlight=False)
+        for fig in figures:
+            console.print(f"kNN val top-1 {fig.accuracy:.2%} on {fig.pool} features (k={KNN_K}, T={KNN_T}, cosine-weighted "
+                          f"votes as DINOv2's eval/knn.py; {fig.gallery} train images as the gallery, {fig.queries} val "
+                          "queries)", highlight=False)
         console.print("no checkpoint written (kNN has no head to fold); for a deployable classifier: "
                       "--probe linear", highlight=False)
-        next_step(f"vitdeploy train{f' {data_dir}' if data_dir else ''} --init {opts.init} --probe linear -o {opts.out}")
+        same = [("--arch", opts.arch), ("--labels", opts.labels), ("--image-size", opts.image_size), ("--pool", opts.pool)]
+        flags = "".join(f" {k} {v}" for k, v in same if v is not None)
+        next_step(f"vitdeploy train{f' {data_dir}' if data_dir else ''} --init {opts.init}{flags} --probe linear -o {opts.out}")
     else:
         for pool, f in result.fits.items():
             mark = "  ← kept" if f is result.fit and len(result.fits) > 1 else ""
             console.print(f"linear probe on {pool} features ({f.weight.shape[1]}-d): val top-1 "
                           f"{f.val_accuracy:.2%} (train {f.train_accuracy:.2%}) at C={f.C:.3g}, chosen on val among "
-                          f"{len(f.sweep)}; {f.seconds:.1f} s{mark}", highlight=False)
+                          f"{len(f.sweep)} of {len(C_GRID)}; {f.seconds:.1f} s{mark}", highlight=False)
         console.print(f"wrote {result.checkpoint}: a {len(feats.classes)}-class classifier, the frozen backbone with the "
                       f"probe folded in as its head ({result.train_images} train / {result.val_images} val images, "
                       f"{result.seconds:.0f} s)", highlight=False)

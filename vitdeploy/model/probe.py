@@ -1,4 +1,4 @@
-"""Probes on frozen features: ``vitdeploy train DATA --init BACKBONE --probe linear``.
+"""Probes on frozen features: ``vitdeploy train DATA --init BACKBONE --probe linear|knn``.
 
 Why: fine-tuning updates every weight (hours for a ViT-B on a 2-core CPU), while DINOv2's own evaluations read the
 frozen backbone's features once and fit a head on them (facebookresearch/dinov2 ``eval/log_regression.py``,
@@ -15,9 +15,10 @@ The recipe, DINOv2's ``eval/log_regression.py`` in its choose-on-val mode (``--f
   where it has them).
 - **Head**: L2-regularised multinomial logistic regression, full batch, L-BFGS in float64. Its objective is the one
   scikit-learn's ``LogisticRegression(C)`` minimises (mean cross-entropy + ||W||² / (2·C·N), bias unpenalised), so
-  the two can be held against each other on the same features (``tests/test_probe.py``). C is swept over DINOv2's
+  the two can be held against each other on the same features (``tests/test_feature_probe.py``). C is swept over DINOv2's
   grid (``C_POWER_RANGE``: 10^linspace(-6, 5, 45)), strongest penalty first, each fit warm-starting the next; the
-  best val top-1 wins (ties: the stronger penalty, as DINOv2's tracker keeps the first best). Without ``--pool`` both
+  best val top-1 wins (ties: the stronger penalty, as DINOv2's tracker keeps the first best). Every C is fitted: a
+  sweep stopped after some Cs without a better val top-1 stopped at the flat strong-penalty start on a small set. Without ``--pool`` both
   cls and cls+mean are fitted (DINOv2's ``avgpool`` False/True) and the better one is kept. Choosing on val is what
   ``train`` does with its epochs; the val top-1 reported is the one the choice was made on, as DINOv2 reports it.
 - **Fold**: logits = W·f + b is the ViT's own head over the chosen pooling (``num_classes`` = the folder's classes,
@@ -27,6 +28,11 @@ The features are cached beside the checkpoint (``<out>.features.npz``), keyed by
 (of the bytes read), the feature model's config and preprocessing, the pooling, and the data folder's file list with
 sizes and modification times. A second run with the same key computes no features; a stale cache is recomputed,
 said in one line.
+
+``--probe knn`` (tools/knn_probe.py, a layer up, beside checks.metrics' kNN) reads the same cached features and
+writes no checkpoint.
+
+Torch is imported where the work starts, so every refusal (options, a folder without classes) comes without it.
 """
 
 from __future__ import annotations
@@ -434,11 +440,12 @@ def fit_linear(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_va
     Solved by L-BFGS (float64, as DINOv2's ``train_dtype``) in a preconditioned basis that leaves the objective
     unchanged: the features are centred (the unpenalised bias absorbs the shift) and rotated onto the eigenvectors of
     their scatter matrix (a rotation keeps ||W||), and each direction's weight is scaled by 1/sqrt(s²/4N + 1/CN), the
-    inverse square root of its curvature (loss + penalty). Frozen features are badly conditioned (a random or
-    self-supervised backbone spreads their variance over six decades): without this L-BFGS stops far from the
-    optimum within 1000 iterations, as scikit-learn's own lbfgs does, and its val top-1 with it; with it each C
-    converges in tens of iterations to scikit-learn's newton-cholesky optimum. The features are not standardised:
-    that would change the objective and favour directions of tiny variance, which INT8 and FP16 then drown.
+    inverse square root of its curvature (loss + penalty). Frozen features are badly conditioned: a random-weight
+    DINOv2-S's cls+mean features at 112 px spread their per-dimension spread over five decades (std 3e-6 to 0.25).
+    Measured there (scripts/bench_probe.py), at the C chosen: this solver's objective 0.386151, scikit-learn's exact
+    newton-cholesky 0.386150, the same val top-1 (82.50%) in 3 s instead of 523 s; scikit-learn's lbfgs stops
+    unconverged after 1000 iterations at objective 1.42 and 53.6%. The features are not standardised: that would
+    change the objective and favour directions of tiny variance, which float rounding, INT8 and FP16 then drown.
     """
     import torch
 
@@ -626,18 +633,3 @@ def _manifest(bb: Backbone, pool: str, fit: LinearFit, feats: Features, n_train:
                   "features_cached": not feats.computed}
     m.extra["task"] = Task(CLASSIFIER, len(feats.classes), probe=probe).to_dict()
     return m
-
-
-def knn_ready(feats: Features, bb: Backbone, opts: TrainOptions) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """For ``--probe knn``: per pooling, (name, train features, train labels, val features, val labels); the kNN
-    itself is checks.metrics.knn_predict (DINOv2's eval/knn.py), which the CLI calls."""
-    tr, va = feats.split(opts.val_fraction, opts.seed)
-    if len(va) == 0:
-        raise VitdeployError("too few images to hold out a validation split; add images or a val/ folder")
-    out = []
-    for pool in bb.candidates(opts.pool):
-        x = bb.select(feats.x, pool)
-        out.append((bb.feature_pool(pool), x[tr], feats.labels[tr], x[va], feats.labels[va]))
-    return out
-
-
