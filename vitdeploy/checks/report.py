@@ -195,10 +195,13 @@ figure.thumb img { image-rendering: pixelated; width: 96px; height: 96px; object
 
 
 
-def _skipped(skipped: list[tuple[str, str]]) -> str:
-    """The line naming the unreadable images a report passed over (the first ten)."""
-    return (f'<p class="muted">{len(skipped)} unreadable image(s) skipped: '
-            + ", ".join(_e(p) for p, _ in skipped[:10]) + ("…" if len(skipped) > 10 else "") + "</p>")
+def _notes(notes: list[str], skipped: list[tuple[str, str]]) -> list[str]:
+    """The report's notes, then the line naming the unreadable images it passed over (the first ten)."""
+    out = [f'<p class="muted">note: {_e(n)}</p>' for n in notes]
+    if skipped:
+        out.append(f'<p class="muted">{len(skipped)} unreadable image(s) skipped: '
+                   + ", ".join(_e(p) for p, _ in skipped[:10]) + ("…" if len(skipped) > 10 else "") + "</p>")
+    return out
 
 
 def _e(x: Any) -> str:
@@ -299,10 +302,7 @@ def _write_report(report: VerifyReport | EmbeddingVerifyReport, out_dir: str | P
     if tols:
         body.append('<p class="muted">tolerance — ' + " · ".join(tols) + "</p>")
     body.append(_table(report))
-    for n in report.notes:
-        body.append(f'<p class="muted">note: {_e(n)}</p>')
-    if report.skipped:
-        body.append(_skipped(report.skipped))
+    body.extend(_notes(report.notes, report.skipped))
 
     body.append("<h2>Accuracy and agreement</h2>")
     plot_accuracy(report, out / "accuracy.png")
@@ -488,10 +488,7 @@ def _embedding_body(report: EmbeddingVerifyReport, out: Path, worst: int) -> lis
     if report.failures:
         body.append("<ul>" + "".join(f"<li>outside the budget: {_e(f)}</li>" for f in report.failures) + "</ul>")
     body.append(_embedding_table(report))
-    for n in report.notes:
-        body.append(f'<p class="muted">note: {_e(n)}</p>')
-    if report.skipped:
-        body.append(_skipped(report.skipped))
+    body.extend(_notes(report.notes, report.skipped))
 
     body.append("<h2>Per-image cosine to the reference</h2>")
     plot_cosine(report, out / "cosine.png")

@@ -122,16 +122,8 @@ def infer(
                 cells.append("  ".join(f"{printable(lab)} {sc:.3f}" for lab, sc in zip(pr.labels[1:], pr.scores[1:], strict=True)))
             t.add_row(*cells)
         console.print(t)
-    for p, why in result.skipped:
-        err_console.print(f"skipped {printable(p)}: {why}", highlight=False, soft_wrap=True)
-    err_console.print(
-        f"{len(result.predictions)} image(s) classified with {result.model} ({result.backend}, {result.precision}) "
-        f"at {result.images_per_second:.1f} images/s"
-        + (f"; {len(result.skipped)} unreadable file(s) skipped" if result.skipped else ""),
-        highlight=False, soft_wrap=True,
-    )
-    if result.skipped:
-        raise typer.Exit(EXIT_PARTIAL)
+    _summary(result.skipped, f"{len(result.predictions)} image(s) classified with {result.model} ({result.backend}, "
+             f"{result.precision}) at {result.images_per_second:.1f} images/s")
 
 
 def _show_embeddings(result: EmbedResult, out: Optional[Path], json_out: Optional[str], inputs: list) -> None:
@@ -168,14 +160,18 @@ def _show_embeddings(result: EmbedResult, out: Optional[Path], json_out: Optiona
             for p, v in zip(result.paths, result.vectors, strict=True):
                 t.add_row(printable(p), f"{float(np.linalg.norm(v)):.4g}", " ".join(f"{x:+.3f}" for x in v[:6]) + " …")
         console.print(t)
-    for p, why in result.skipped:
-        err_console.print(f"skipped {printable(p)}: {why}", highlight=False, soft_wrap=True)
     what = f"labelled by {result.k} neighbours in {result.gallery} ({result.gallery_size} images)" if result.gallery else "embedded"
-    err_console.print(
-        f"{len(result.paths)} image(s) {what} with {result.model} ({result.backend}, {result.precision}; "
-        f"{result.task.describe()}) at {result.images_per_second:.1f} images/s"
-        + (f"; {len(result.skipped)} unreadable file(s) skipped" if result.skipped else ""),
-        highlight=False, soft_wrap=True,
-    )
-    if result.skipped:
+    _summary(result.skipped, f"{len(result.paths)} image(s) {what} with {result.model} ({result.backend}, "
+             f"{result.precision}; {result.task.describe()}) at {result.images_per_second:.1f} images/s")
+
+
+def _summary(skipped: list[tuple[Path, str]], line: str) -> None:
+    """The unreadable files, one line each, then the run's line; partly done (exit 3) when any were skipped."""
+    from vitdeploy.core.text import printable
+
+    for p, why in skipped:
+        err_console.print(f"skipped {printable(p)}: {why}", highlight=False, soft_wrap=True)
+    err_console.print(line + (f"; {len(skipped)} unreadable file(s) skipped" if skipped else ""),
+                      highlight=False, soft_wrap=True)
+    if skipped:
         raise typer.Exit(EXIT_PARTIAL)
