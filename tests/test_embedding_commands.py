@@ -308,3 +308,18 @@ def test_benchmark_info_and_numerics_on_zero_class_models(emb: Path, digits_val1
     line = refused(2, "numerics", str(emb / "bb.pth"), "-i", str(digits_val10))
     assert "not a checkpoint: export it first (`vitdeploy export" in line
     assert "FP16: ok" in run_ok("numerics", str(emb / "tok.onnx"), "-i", str(digits_val10), "--num-images", "20")
+
+
+def test_build_engines_check_of_an_embedding_model_is_by_cosine(emb: Path, digits_val10: Path, tmp_path: Path) -> None:
+    """build-engine --fp16 makes the FP16 artifact and checks it against FP32 before the engine (exit 3 here, without
+    TensorRT): for an embedding model by per-image cosine and nearest neighbours, never an argmax of the vector."""
+    import shutil
+
+    src = tmp_path / "emb.onnx"
+    shutil.copy(emb / "emb.onnx", src)
+    r = cli.invoke(app, ["build-engine", str(src), "--fp16", "-i", str(digits_val10)])
+    assert r.exit_code == 3, r.output
+    text = " ".join(r.output.split())
+    assert "mean cosine to emb.onnx" in text and "nearest-neighbour agreement" in text and "top-1" not in text
+    cos = float(text.split("mean cosine to emb.onnx ")[1].split()[0])
+    assert cos >= 0.999  # FP16 of the digits embedding model (measured 1.00000)

@@ -123,17 +123,20 @@ def run_arrays(runners: Sequence[Runner], x: np.ndarray, batch_size: int = 64) -
 
 
 def agreement(reference: Runner, candidate: Runner, images: ImageSet, batch_size: int = 32) -> dict[str, Any]:
-    """How closely ``candidate`` answers like ``reference`` on ``images`` (no labels needed): the engine's check."""
+    """How closely ``candidate`` answers like ``reference`` on ``images`` (no labels needed): the engine's check. The
+    reference's task decides the figures (checks/judge.py): top-1 agreement and |Δlogit| for a classifier, per-image
+    cosine and nearest-neighbour agreement for an embedding model."""
+    from vitdeploy.checks.judge import judge_for
+
     res = run([reference, candidate], images, batch_size)
+    common = {"images": len(res), "against": reference.artifact.name, "source": images.source,
+              "runner": candidate.backend}
+    judge = judge_for(reference.manifest)
+    if judge is not None:
+        e = judge.compare(res.logits[0], res.logits[1])
+        return {**common, "cosine_mean": e.cosine_mean, "cosine_p1": e.cosine_p1, "nn_agreement": e.nn_agreement}
     c = compare_logits(res.logits[0], res.logits[1])
-    return {
-        "images": len(res),
-        "top1_agreement": c.agreement,
-        "max_abs_logit_diff": c.max_abs_diff,
-        "against": reference.artifact.name,
-        "source": images.source,
-        "runner": candidate.backend,
-    }
+    return {**common, "top1_agreement": c.agreement, "max_abs_logit_diff": c.max_abs_diff}
 
 
 def artifact_agreement(reference: Path, ref_manifest: Manifest, candidate: OnnxArtifact, images: ImageSet,

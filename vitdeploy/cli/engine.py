@@ -125,7 +125,14 @@ def report_artifact(made: dict) -> None:
         err_console.print(styled("warning:", "yellow", w), highlight=False, soft_wrap=True)
     out = console
     c = made.get("check")
-    if c:
+    if c and "cosine_mean" in c:  # an embedding model (checks/compare.agreement asked its task)
+        out.print(
+            f"wrote {made['path']}: mean cosine to {c['against']} {c['cosine_mean']:.5f} (1st percentile "
+            f"{c['cosine_p1']:.5f}), nearest-neighbour agreement {c['nn_agreement']:.2%} on {c['images']} "
+            f"calibration images ({c['runner']})",
+            highlight=False, soft_wrap=True,
+        )
+    elif c:
         out.print(
             f"wrote {made['path']}: top-1 agreement with {c['against']} {c['top1_agreement']:.2%} on {c['images']} "
             f"calibration images, largest logit difference {c['max_abs_logit_diff']:.3g} (ONNX Runtime)",
