@@ -110,7 +110,9 @@ def test_dataloader_workers_die_with_the_training_process(tmp_path: Path) -> Non
         from vitdeploy.core.preprocess import Preprocess
 
         def slow(path):
-            print("worker", os.getpid(), flush=True)  # one batch of 32 files per worker: once each
+            # one write, one line: under PYTHONUNBUFFERED print() writes "worker", " ", pid and "\\n" apart,
+            # and two workers' pieces interleave on the pipe (seen in CI: no line started with "worker ")
+            os.write(1, f"worker {os.getpid()}\\n".encode())  # one batch of 32 files per worker: once each
             time.sleep(120)
 
         t.load_image = slow  # the forked workers inherit it
