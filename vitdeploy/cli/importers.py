@@ -47,7 +47,12 @@ def import_(
     inputs = [source, labels, classes]
     if templates is not None and templates not in ("openai", "simple"):
         inputs.append(Path(templates))
-    check_output(out, inputs)  # over its own source, a checkpoint would lose its training state
+    from vitdeploy.core.naming import CHECKPOINT_SUFFIXES
+    from vitdeploy.model.sources import check_output_outside
+
+    check_output_outside(out, source)  # not a file the folder's loader reads (its weights, configs, shards)
+    # over its own source, a checkpoint would lose its training state; under another suffix, info misreads it
+    check_output(out, inputs, suffixes=CHECKPOINT_SUFFIXES)
     size = None
     if image_size is not None:
         from vitdeploy.core.image_size import parse_image_size
