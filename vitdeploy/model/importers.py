@@ -257,6 +257,8 @@ def import_checkpoint(
         from vitdeploy.core.image_size import check_image_size
 
         check_image_size(tuple(image_size), "image_size")
+    if labels is not None:
+        read_labels(labels)  # a FIFO, a device or an unreadable file: refused before any weights are read
     with SourceReads("import") as reads:
         if zero_shot is not None:
             from vitdeploy.model.zero_shot import plan_zero_shot, zero_shot_classifier
