@@ -290,6 +290,21 @@ def test_a_safetensors_file_is_mapped_not_read_whole_into_memory(tmp_path: Path)
     assert sd["w"].numel() == 4 << 20 and peak < 4 << 20, peak
 
 
+def test_tensors_read_from_a_safetensors_file_outlive_its_truncation(tmp_path: Path) -> None:
+    """The map is only a way in: tensors left on it would crash the process (SIGBUS) once the file is truncated in
+    place (a `cp` over it while import runs). Run apart, so a crash fails this test and not the whole session."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\nfrom pathlib import Path\nfrom safetensors.torch import save_file\n"
+            "from vitdeploy.model.weights import _safetensors_load\n"
+            "p = Path(sys.argv[1]); save_file({'w': torch.ones(1 << 20)}, p)\n"
+            "sd = _safetensors_load(p); open(p, 'wb').close()\nprint(int(sd['w'].sum()))\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "w.safetensors")], capture_output=True, text=True,
+                       timeout=120)
+    assert (r.returncode, r.stdout.strip()) == (0, str(1 << 20)), (r.returncode, r.stderr[-2000:])
+
+
 def test_infer_never_advises_a_batch_of_one_or_less(monkeypatch: pytest.MonkeyPatch) -> None:
     """infer on a 32000-px checkpoint said "use --batch-size 1 or less": where one image does not fit, it says so."""
     import vitdeploy.tools.bench as bench

@@ -84,14 +84,17 @@ def torch_load(p: Path) -> Any:
 
 def _safetensors_load(p: Path) -> dict[str, torch.Tensor]:
     """A safetensors file's tensors, mapped by safetensors itself (``safe_open``): the file is never held in memory as
-    bytes beside its tensors (a 20 GB model.safetensors was read whole, then parsed). Its SHA-256 is streamed first
+    bytes beside its tensors (a 20 GB model.safetensors was read whole, then parsed: twice its size in memory; now
+    the tensors and one tensor's copy). Its SHA-256 is streamed first
     and its identity recorded, so a file replaced before the result is written is refused (core/loaded.py)."""
     from safetensors import SafetensorError, safe_open
 
     try:
         hash_recorded(p)
         with safe_open(str(p), framework="pt", device="cpu") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
+            # each tensor copied out of the map, one at a time: a tensor left on the map would crash the process
+            # (SIGBUS) when the file is truncated in place later (a `cp` over it while the import runs)
+            return {k: f.get_tensor(k).clone() for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
     except (SafetensorError, OSError, ValueError) as e:
         raise VitdeployError(f"{p}: not a readable safetensors file ({str(e)[:80]})") from None
 
