@@ -257,7 +257,7 @@ def import_checkpoint(
         from vitdeploy.core.image_size import check_image_size
 
         check_image_size(tuple(image_size), "image_size")
-    if labels is not None:
+    if labels is not None and zero_shot is None:  # (with zero_shot, --labels is refused below)
         read_labels(labels)  # a FIFO, a device or an unreadable file: refused before any weights are read
     with SourceReads("import") as reads:
         if zero_shot is not None:
