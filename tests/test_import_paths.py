@@ -105,6 +105,13 @@ def test_an_index_entry_that_is_a_fifo_is_refused_without_reading_it(hf: Path) -
         _load(hf)
 
 
+def test_a_missing_shard_is_named_with_its_index(hf: Path) -> None:
+    shard = sorted(hf.glob("model-*.safetensors"))[-1]
+    shard.unlink()
+    with pytest.raises(VitdeployError, match=rf"index\.json: weight_map names '{shard.name}', which is missing from"):
+        _load(hf)
+
+
 def test_an_index_that_is_a_symlink_out_of_the_folder_is_refused(hf: Path) -> None:
     real = hf.parent / "elsewhere.json"
     (hf / INDEX).rename(real)

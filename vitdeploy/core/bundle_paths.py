@@ -42,7 +42,7 @@ def bundle_file(root: Path, rel: object, what: str = "manifest.json lists", limi
     try:
         st = os.stat(real)
     except OSError:
-        raise UnreadableArtifact(f"{what} {name}: it is missing from {inside}: {fix}") from None
+        raise UnreadableArtifact(f"{name} is missing from {inside}: {fix}") from None
     if not stat.S_ISREG(st.st_mode):
         raise UnreadableArtifact(f"{what} {name}: not a regular file: {fix}")
     if st.st_size > limit:

@@ -144,6 +144,9 @@ def index_shards(folder: Path, index: str) -> list[str]:
             raise VitdeployError(f"{f}: weight_map[{_short(k)}] is {_short(v)}, not a shard file name: {fix}")
     shards = sorted(set(wm.values()))
     for s in shards:
+        if s and not s.startswith("/") and ".." not in s.split("/") and not os.path.lexists(folder / s):
+            raise VitdeployError(f"{f}: weight_map names {s!r}, which is missing from {folder}: copy the whole "
+                                 "folder, or save it again with save_pretrained")
         folder_file(folder, s, f"{f}: weight_map names")
     return shards
 
