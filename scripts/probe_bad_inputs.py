@@ -132,6 +132,13 @@ def probes() -> list[Probe]:
         # item 2: outputs over inputs the output check did not see
         P(["train", "--init", "ckpt.pth", "-o", "ckpt.pth", "--epochs", "1"], 2, "--init X -o X"),
         P(["import", "hf", "-o", "hf/model.safetensors"], 2, "-o a Hugging Face folder's own weights"),
+        # issue 37 P3-P6: a foreign folder's index names files inside it; sizes read have ceilings; -o is a checkpoint
+        P(["import", "shards", "-o", "s.pth"], 1, "a shard index naming ../ckpt.pth (outside its folder)",
+          setup="shard_index"),
+        P(["import", "ckpt.pth", "--labels", "labels.fifo", "-o", "l.pth"], 2, "--labels a FIFO", setup="labels_fifo"),
+        P(["import", "ckpt.pth", "--labels", "/dev/zero", "-o", "l.pth"], 2, "--labels /dev/zero"),
+        P(["import", "ckpt.pth", "--image-size", "1" + "0" * 30, "-o", "i.pth"], 2, "--image-size 10**30"),
+        P(["import", "ckpt.pth", "-o", "c.onnx"], 2, "a checkpoint under an ONNX name"),
         P(["verify", "model.onnx", "model.onnx", "--images", "img", "--report", "img"], 2,
           "--report the --images folder"),
         P(["verify", "model.onnx", "model.onnx", "--images", "img", "--report", "site"], 2,
@@ -458,6 +465,12 @@ def prepare(root: Path, what: str | None) -> None:
         (root / "link.json").symlink_to(root / "real.json")
     elif what == "partial":
         (root / "t.pth.partial").write_bytes(EARLIER)
+    elif what == "shard_index":  # a sharded index whose weight_map leads out of its folder
+        (root / "shards").mkdir(exist_ok=True)
+        (root / "shards" / "config.json").write_text('{"model_type": "vit"}')
+        (root / "shards" / "model.safetensors.index.json").write_text('{"weight_map": {"w": "../ckpt.pth"}}')
+    elif what == "labels_fifo":  # no writer: a reader that opens it blocks for ever
+        os.mkfifo(root / "labels.fifo")
     elif what in ("user_bundle", "refs", "ckpt2", "model2"):
         lineage_prepare(root, what)
     elif what and what.startswith("full:"):

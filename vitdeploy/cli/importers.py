@@ -47,7 +47,12 @@ def import_(
     inputs = [source, labels, classes]
     if templates is not None and templates not in ("openai", "simple"):
         inputs.append(Path(templates))
-    check_output(out, inputs)  # over its own source, a checkpoint would lose its training state
+    from vitdeploy.core.naming import CHECKPOINT_SUFFIXES
+    from vitdeploy.model.sources import check_output_outside
+
+    check_output_outside(out, source)  # not a file the folder's loader reads (its weights, configs, shards)
+    # over its own source, a checkpoint would lose its training state; under another suffix, info misreads it
+    check_output(out, inputs, suffixes=CHECKPOINT_SUFFIXES)
     size = None
     if image_size is not None:
         from vitdeploy.core.image_size import parse_image_size
@@ -62,8 +67,9 @@ def import_(
     from vitdeploy.model.importers import import_checkpoint  # torch: after the output is known to be usable
 
     if request is None:
-        err_console.print(f"importing {source}: reading the weights and building the model (seconds for ViT-B)…",
-                          highlight=False, soft_wrap=True)
+        if err_console.is_terminal:  # progress, as the zero-shot bar: a refusal in a log or a pipe stays one line
+            err_console.print(f"importing {source}: reading the weights and building the model (seconds for ViT-B)…",
+                              highlight=False, soft_wrap=True)
         path, m = import_checkpoint(source, out, arch=arch, labels=labels, image_size=size)
     else:
         path, m = _import_zero_shot(source, out, arch, labels, size, request)
@@ -87,8 +93,9 @@ def _import_zero_shot(source: Path, out: Path, arch: Optional[str], labels: Opti
 
     from vitdeploy.model.importers import import_checkpoint
 
-    err_console.print(f"importing {source}: the image tower, then the text tower on the class names of {request.classes}…",
-                      highlight=False, soft_wrap=True)
+    if err_console.is_terminal:  # progress (the bar below is shown on a terminal only, too)
+        err_console.print(f"importing {source}: the image tower, then the text tower on the class names of "
+                          f"{request.classes}…", highlight=False, soft_wrap=True)
     with Progress(text_column("text tower", "bold"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
         task = prog.add_task("classes", total=None)

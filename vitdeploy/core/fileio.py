@@ -11,7 +11,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -311,6 +311,33 @@ def _inside(path: Path, folder: Path) -> bool:
     return True
 
 
+class NotAFileOfBoundedSize(ValueError):
+    """``read_bounded``'s refusal; its text is the reason ("a FIFO, not a regular file"), the caller names the file."""
+
+
+def read_bounded(path: str | Path, limit: int) -> bytes:
+    """A small file's bytes (a labels or classes file), read without trusting it: anything but a regular file is
+    refused by its type before it is read (a FIFO would block for ever, /dev/zero never ends), and a file holding
+    more than ``limit`` bytes is refused when its size or its reading passes the limit (read in chunks, so the
+    limit is never allocated up front). NotAFileOfBoundedSize says why; OSError where it cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opens at once, its type then refused
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or \
+                stat.S_ISBLK(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode) else "a socket"
+            raise NotAFileOfBoundedSize(f"{kind}, not a regular file")
+        if st.st_size > limit:
+            raise NotAFileOfBoundedSize(f"{st.st_size} bytes, more than the {limit} this file may hold")
+        parts, n = [], 0
+        while block := f.read(min(1 << 20, limit + 1 - n)):
+            parts.append(block)
+            n += len(block)
+            if n > limit:
+                raise NotAFileOfBoundedSize(f"more than the {limit} bytes this file may hold")
+    return b"".join(parts)
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -319,12 +346,24 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def source_sha256(path: str | Path) -> str:
-    """SHA-256 of a checkpoint file, or of a folder's files (names and contents) for a Hugging Face folder."""
+def source_sha256(path: str | Path, files: Iterable[str] | None = None) -> str:
+    """SHA-256 of a checkpoint file, or of a folder's files (names and contents) for a Hugging Face folder.
+
+    ``files``: the folder's files the model is made of (its configs and weights, as an import records them in
+    ``source.files``): only those are hashed, so a large file left beside the weights (a 60 GB download, a symlink to
+    one) neither slows the hash nor changes it. Without it (manifests written before), every file of the folder."""
     p = Path(path)
     if p.is_file():
         return sha256_file(p)
+    if files is not None:
+        return folder_sha256(p, sorted(files), sha256_file)
+    return folder_sha256(p, [str(q.relative_to(p)) for q in sorted(q for q in p.rglob("*") if q.is_file())],
+                         sha256_file)
+
+
+def folder_sha256(folder: Path, names: Iterable[str], digest_of: Callable[[Path], str]) -> str:
+    """The one definition of a folder's digest: over its files' names, in the order given, and their SHA-256s."""
     h = hashlib.sha256()
-    for f in sorted(q for q in p.rglob("*") if q.is_file()):
-        h.update(str(f.relative_to(p)).encode() + b"\0" + bytes.fromhex(sha256_file(f)))
+    for name in names:
+        h.update(name.encode() + b"\0" + bytes.fromhex(digest_of(folder / name)))
     return h.hexdigest()

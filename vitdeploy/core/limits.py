@@ -8,6 +8,10 @@ with SIGSEGV and ONNX Runtime hang (64 intra-op threads on 2 cores already take 
 threads and worker processes stop at the cores this process may use); ``--max-batch 99999999999999999999`` wrote a
 config.pbtxt Triton rejects; ``--epochs/--iterations 1e20`` never end; ``--weight-decay inf`` wrote NaN weights;
 ``--seed -1`` reached numpy's seed and failed with its exception.
+
+The sizes read from files have ceilings here too (issue 37): a foreign processor's or ``--image-size``'s input size
+(``image_size``), a labels file's bytes (``text_file_bytes``), a weights file's bytes; past them, one line before
+the allocation.
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ RANGES: dict[str, Bounds] = {
     "fraction": {"min": 0.0, "max": 1.0},
     "points": {"min": 0.0, "max": 100.0},
     "factor": {"min": 1.0, "max": 1e6},
+    # sizes of files read (bytes), refused before they are read (issue 37: --labels /dev/zero held 4.9 GB)
+    "text_file_bytes": {"min": 1, "max": 64 << 20},  # --labels, --classes, --templates files, a shard index
+    "weights_file_bytes": {"min": 1, "max": 1 << 40},  # one foreign weights file or shard (ViT-22B bf16: 44 GB)
 }
 
 

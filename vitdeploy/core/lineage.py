@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vitdeploy.core.errors import StaleArtifact
+from vitdeploy.core.errors import StaleArtifact, VitdeployError
 from vitdeploy.core.fileio import source_sha256
 from vitdeploy.core.manifest import Manifest
 from vitdeploy.core.naming import base_stem
@@ -36,15 +36,24 @@ class Link:
                 "recorded_sha256": self.recorded_sha256, "actual_sha256": self.actual_sha256, "status": self.status}
 
 
-_sha_cache: dict[tuple[str, int, int], str] = {}
+_sha_cache: dict[tuple[str, int, int, tuple[str, ...] | None], str] = {}
 
 
-def _sha(path: Path) -> str:
-    """The source's SHA-256 (a folder's files for a Hugging Face folder), hashed once per command per file version."""
+def _sha(path: Path, files: Any = None) -> str:
+    """The source's SHA-256 (a folder's files for a Hugging Face folder: those recorded in ``source.files`` at import,
+    under the rule for paths inside a folder), hashed once per command per file version."""
     st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    names = tuple(str(f) for f in files) if isinstance(files, list) and path.is_dir() else None
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, names)
     if key not in _sha_cache:
-        _sha_cache[key] = source_sha256(path)
+        if names is not None:
+            from vitdeploy.core.bundle_paths import bundle_file, link_root
+            from vitdeploy.core.limits import bounds
+
+            for n in names:  # a manifest's list is read as any foreign list: nothing outside the folder, no FIFO
+                bundle_file(path, n, f"{path}: the checkpoint's source.files names", int(bounds("weights_file_bytes")["max"]),
+                            inside=str(path), fix="import it again", within=link_root(path))
+        _sha_cache[key] = source_sha256(path, names)
     return _sha_cache[key]
 
 
@@ -59,7 +68,10 @@ def source_link(path: str | Path, manifest: Manifest) -> Link:
     beside = p.parent / Path(str(name)).name
     if not beside.exists():
         return Link(p, beside, recorded, None, MISSING)
-    actual = _sha(beside)
+    try:
+        actual = _sha(beside, src.get("files"))
+    except VitdeployError:  # a recorded file gone, or no longer a regular file inside the folder: changed since
+        return Link(p, beside, recorded, None, STALE)
     return Link(p, beside, recorded, actual, CURRENT if actual == recorded else STALE)
 
 

@@ -67,6 +67,27 @@ def read_hashed(path: str | Path) -> tuple[bytes, str]:
     return data, digest
 
 
+def hash_recorded(path: str | Path, chunk: int = 1 << 20) -> str:
+    """The file's SHA-256, streamed (never held whole), recorded as ``read_hashed`` records a read: for a file the
+    caller then maps lazily (safetensors' ``safe_open``), which ``require_unchanged`` holds to this identity. Refused
+    (SourceChanged) when it changed while hashed."""
+    p = Path(path)
+    h = hashlib.sha256()
+    n = 0
+    with open(p, "rb") as f:
+        before = stat_key(os.fstat(f.fileno()))
+        while block := f.read(chunk):
+            h.update(block)
+            n += len(block)
+        after = stat_key(os.fstat(f.fileno()))
+    if before != after or n != after[2]:
+        raise SourceChanged(changed_message(p))
+    rec = Read(p, Path(os.path.realpath(p)), after, h.hexdigest())
+    for reads in _active.get():
+        reads.files[rec.path] = rec
+    return rec.sha256
+
+
 @dataclass
 class SourceReads:
     """The files read (``read_hashed``) inside a ``with`` block, by resolved path (see the module docstring)."""
@@ -84,22 +105,22 @@ class SourceReads:
             _active.reset(self._token)
             self._token = None
 
-    def sha256(self, source: str | Path) -> str:
+    def sha256(self, source: str | Path, files: list[str] | None = None) -> str:
         """The source's SHA-256 as ``core.fileio.source_sha256`` defines it (a file's bytes; a folder's files, names
-        and contents), taken from the bytes read here for every file that was read; a file of a folder that was not
-        read (a README beside the weights) is hashed as it is now."""
-        from vitdeploy.core.fileio import sha256_file
+        and contents; ``files``: only those of the folder), taken from the bytes read here for every file that was
+        read; a file of a folder that was not read (a config read as text) is hashed as it is now."""
+        from vitdeploy.core.fileio import folder_sha256, sha256_file
+
+        def digest(f: Path) -> str:
+            rec = self.files.get(Path(os.path.realpath(f)))
+            return rec.sha256 if rec is not None else sha256_file(f)
 
         p = Path(source)
         if not p.is_dir():
-            rec = self.files.get(Path(os.path.realpath(p)))
-            return rec.sha256 if rec is not None else sha256_file(p)
-        h = hashlib.sha256()
-        for f in sorted(q for q in p.rglob("*") if q.is_file()):
-            rec = self.files.get(Path(os.path.realpath(f)))
-            digest = rec.sha256 if rec is not None else sha256_file(f)
-            h.update(str(f.relative_to(p)).encode() + b"\0" + bytes.fromhex(digest))
-        return h.hexdigest()
+            return digest(p)
+        if files is not None:
+            return folder_sha256(p, sorted(files), digest)
+        return folder_sha256(p, [str(q.relative_to(p)) for q in sorted(q for q in p.rglob("*") if q.is_file())], digest)
 
     def require_unchanged(self) -> None:
         """Refuse (SourceChanged) when a file read here has been replaced or rewritten since: call it just before

@@ -13,6 +13,8 @@ from pathlib import Path
 PRECISIONS = ("fp32", "fp16", "int8")
 PRECISION_SUFFIXES = tuple(f".{p}" for p in PRECISIONS)
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
+# What a vitdeploy checkpoint (a torch zip file) is named: info and every loader tell it by these suffixes.
+CHECKPOINT_SUFFIXES = (".pth", ".pt")
 # The bundle's file of each precision (and what `infer`/`bundle` look for in a folder).
 ONNX_NAMES = {"fp32": "model.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}
 

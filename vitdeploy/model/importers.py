@@ -21,6 +21,7 @@ import torch
 
 from vitdeploy.core.artifact import read_manifest
 from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.limits import bounds
 from vitdeploy.core.loaded import SourceReads
 from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest
 from vitdeploy.model.checkpoint import (
@@ -29,7 +30,17 @@ from vitdeploy.model.checkpoint import (
     _from_object,
     describe_foreign,
 )
-from vitdeploy.model.sources import HF_CONFIG, check_source, is_open_clip_folder
+from vitdeploy.model.sources import (  # noqa: F401  (HF_WEIGHTS re-exported)
+    HF_CONFIG,
+    HF_PREPROCESSOR,
+    HF_PROCESSOR,
+    HF_WEIGHTS,
+    OPEN_CLIP_CONFIG,
+    check_source,
+    folder_parts,
+    is_open_clip_folder,
+    weights_parts,
+)
 from vitdeploy.model.timm_import import load_timm, load_timm_folder
 from vitdeploy.model.vit import ViTConfig
 from vitdeploy.model.weights import (  # noqa: F401  (re-exported: callers import them from here)
@@ -47,9 +58,6 @@ from vitdeploy.model.weights import (  # noqa: F401  (re-exported: callers impor
 if TYPE_CHECKING:
     from vitdeploy.model.zero_shot import ZeroShotRequest
 
-HF_PREPROCESSOR = "preprocessor_config.json"
-HF_PROCESSOR = "processor_config.json"  # a multi-part processor (CLIPProcessor): the image processor's part inside
-HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 # PIL's resample integers, as transformers stores them in preprocessor_config.json.
 PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
@@ -62,25 +70,14 @@ HF_STANDARD_STD = (0.5, 0.5, 0.5)
 
 
 def _hf_state_dict(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
-    for name in HF_WEIGHTS:
-        f = folder / name
-        if not f.is_file():
-            continue
-        if name.endswith(".index.json"):
-            try:
-                shards = sorted(set(json.loads(f.read_text())["weight_map"].values()))
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise VitdeployError(f"{f}: not a valid shard index (no weight_map)") from None
-            sd: dict[str, torch.Tensor] = {}
-            for s in shards:
-                part = folder / s
-                if not part.is_file():
-                    raise VitdeployError(f"{folder}: shard {s} named in {name} is missing")
-                sd.update(_safetensors_load(part) if s.endswith(".safetensors") else read_tensors(part)[0])
-            return sd, name
-        if name.endswith(".safetensors"):
-            return _safetensors_load(f), name
-        return read_tensors(f)[0], name
+    found = weights_parts(folder, HF_WEIGHTS)  # the weights, or an index and its shards, checked (model/sources.py)
+    if found is not None:
+        name, files = found
+        sd: dict[str, torch.Tensor] = {}
+        for s in files if len(files) == 1 else files[1:]:  # an index: its shards
+            part = folder / s
+            sd.update(_safetensors_load(part) if s.endswith(".safetensors") else read_tensors(part)[0])
+        return sd, name
     others = sorted(x.name for x in folder.iterdir() if x.suffix in (".h5", ".msgpack", ".ckpt"))
     hint = f" (it has {', '.join(others)}: TensorFlow/Flax weights; re-save them with PyTorch)" if others else ""
     raise VitdeployError(f"{folder}: no model.safetensors or pytorch_model.bin beside config.json{hint}")
@@ -157,6 +154,16 @@ def _hf_preprocess(folder: Path, image_size: tuple[int, int]) -> dict[str, Any]:
     }
 
 
+def _check_input_size(d: Path, size: tuple[int, int]) -> None:
+    """The processor's input size within core/limits.py's ``image_size`` range, before position embeddings are
+    resampled to it (a processor ``size`` of 48000 took 5 GB, then died in the allocator)."""
+    b = bounds("image_size")
+    if not all(b["min"] <= v <= b["max"] for v in size):
+        f = d / HF_PREPROCESSOR if (d / HF_PREPROCESSOR).is_file() else d / HF_PROCESSOR
+        raise VitdeployError(f"{f}: size/crop_size make {size[0]}x{size[1]} inputs; each side must be from {b['min']} "
+                             f"to {b['max']} pixels: fix the processor config")
+
+
 def _three(v: Any) -> list[Any]:
     """A processor's mean/std: three numbers, or one for every channel."""
     return list(v) if isinstance(v, (list, tuple)) else [v, v, v]
@@ -186,6 +193,7 @@ def load_hf_folder(folder: str | Path, labels: str | Path | None = None) -> Chec
     n_cls = int(fields["num_classes"])
     pp = _hf_preprocess(d, fields["image_size"])
     size = (int(pp["input_size"][0]), int(pp["input_size"][1]))
+    _check_input_size(d, size)
     if size != fields["image_size"]:
         # The processor makes inputs of another size than the position embeddings were made for (DINOv2: config 518,
         # crop 224): transformers interpolates them at run time; vitdeploy does it once, the same way, at import.
@@ -245,6 +253,12 @@ def import_checkpoint(
     """
     from vitdeploy.model.checkpoint import save_checkpoint
 
+    if image_size is not None:  # before any weights are read (a library caller skips the CLI's parse)
+        from vitdeploy.core.image_size import check_image_size
+
+        check_image_size(tuple(image_size), "image_size")
+    if labels is not None and zero_shot is None:  # (with zero_shot, --labels is refused below)
+        read_labels(labels)  # a FIFO, a device or an unreadable file: refused before any weights are read
     with SourceReads("import") as reads:
         if zero_shot is not None:
             from vitdeploy.model.zero_shot import plan_zero_shot, zero_shot_classifier
@@ -262,7 +276,12 @@ def import_checkpoint(
             ck, _ = resize_checkpoint(ck, image_size, str(source))
     model = ck.build()
     src = dict(ck.manifest.source)
-    src["sha256"] = reads.sha256(source)  # of the bytes converted, not of the file as it is after the work
+    folder = Path(source).parent if Path(source).name in (HF_CONFIG, OPEN_CLIP_CONFIG) else Path(source)
+    files = None
+    if folder.is_dir():  # only the files the model is made of (not a 60 GB file beside it): recorded for lineage
+        files = folder_parts(folder)
+        src["files"] = files
+    src["sha256"] = reads.sha256(folder, files)  # of the bytes converted, not of the file as it is after the work
     manifest = ck.manifest.derive(source=src)
     reads.require_unchanged()
     return save_checkpoint(out, model, manifest), manifest

@@ -28,12 +28,9 @@ import torch
 
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.model.checkpoint import Checkpoint
-from vitdeploy.model.sources import OPEN_CLIP_CONFIG
+from vitdeploy.model.sources import OPEN_CLIP_CONFIG, OPEN_CLIP_WEIGHTS, weights_parts
 from vitdeploy.model.vit import ViTConfig
 from vitdeploy.model.weights import _check_fits, _float32, _manifest, _safetensors_load, read_tensors
-
-# What save_for_hf writes (open_clip/constants.py HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME), in open_clip's preference.
-OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 
 # open_clip's PreprocessCfg defaults for the fields save_for_hf may leave out (open_clip/transform.py).
 _PP_DEFAULTS = {"interpolation": "bicubic", "resize_mode": "shortest"}
@@ -69,11 +66,12 @@ def read_open_clip_config(folder: Path) -> dict[str, Any]:
 
 def open_clip_state_dict(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
     """The weights save_for_hf wrote, read once (hashed for lineage), and the file's name."""
-    for name in OPEN_CLIP_WEIGHTS:
+    found = weights_parts(folder, OPEN_CLIP_WEIGHTS)  # checked: a regular file of a bounded size, inside the folder
+    if found is not None:
+        name = found[0]
         f = folder / name
-        if f.is_file():
-            sd = _safetensors_load(f) if name.endswith(".safetensors") else read_tensors(f)[0]
-            return sd, name
+        sd = _safetensors_load(f) if name.endswith(".safetensors") else read_tensors(f)[0]
+        return sd, name
     raise VitdeployError(f"{folder}: no {' or '.join(OPEN_CLIP_WEIGHTS)} beside {OPEN_CLIP_CONFIG} "
                          "(open_clip's save_for_hf writes them)")
 

@@ -354,7 +354,7 @@ def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None,
     name's own), ``pretrained_cfg`` (preprocessing) and optionally ``label_names``; the weights are model.safetensors
     or pytorch_model.bin (timm/models/_hub.py: save_config_for_hf, _parse_model_cfg).
     """
-    from vitdeploy.model.sources import HF_CONFIG
+    from vitdeploy.model.sources import HF_CONFIG, TIMM_WEIGHTS, weights_parts
 
     d = Path(folder)
     if cfg_json is None:
@@ -365,7 +365,8 @@ def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None,
         pcfg = {k: v for k, v in cfg_json.items() if k != "architecture"}
     tag = pcfg.get("tag")
     model_args = dict(cfg_json.get("model_args") or {})
-    weights = next((d / n for n in ("model.safetensors", "pytorch_model.bin") if (d / n).is_file()), None)
+    found = weights_parts(d, TIMM_WEIGHTS)  # checked: a regular file of a bounded size, inside the folder
+    weights = d / found[0] if found is not None else None
     if weights is None:
         raise VitdeployError(f"{d}: no model.safetensors or pytorch_model.bin beside config.json")
     entry = table_entry(arch)

@@ -12,29 +12,36 @@ from typing import Any
 import torch
 
 from vitdeploy.core.errors import UsageError, VitdeployError
-from vitdeploy.core.loaded import read_hashed
+from vitdeploy.core.loaded import hash_recorded, read_hashed
 from vitdeploy.core.manifest import Manifest, tool_versions
 from vitdeploy.model.checkpoint import describe_foreign, unwrap_state_dict
 from vitdeploy.model.sources import LEGACY_MESSAGE, is_legacy_torch_file
 from vitdeploy.model.vit import VisionTransformer, ViTConfig
 
 
-def read_labels(path: str | Path) -> list[str]:
-    """Class names, one per line (blank lines at the end ignored)."""
+def read_labels(path: str | Path, option: str = "--labels") -> list[str]:
+    """Class names, one per line (blank lines at the end ignored), from a regular file of a bounded size
+    (core/limits.py ``text_file_bytes``): a FIFO or /dev/zero is refused in one line before it is read."""
+    from vitdeploy.core.fileio import NotAFileOfBoundedSize, read_bounded
+    from vitdeploy.core.limits import bounds
+
     p = Path(path)
     try:
-        lines = p.read_text(encoding="utf-8-sig").splitlines()  # -sig: a BOM (Notepad) is not part of the first label
+        lines = read_bounded(p, int(bounds("text_file_bytes")["max"])).decode("utf-8-sig").splitlines()
+        # -sig: a BOM (Notepad) is not part of the first label
     except FileNotFoundError:
-        raise UsageError(f"--labels {p}: no such file") from None
+        raise UsageError(f"{option} {p}: no such file") from None
+    except NotAFileOfBoundedSize as e:
+        raise UsageError(f"{option} {p}: {e}; give a text file of class names, one per line") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"--labels {p}: cannot read it as text ({type(e).__name__})") from None
+        raise UsageError(f"{option} {p}: cannot read it as text ({type(e).__name__})") from None
     while lines and not lines[-1].strip():
         lines.pop()
     names = [ln.strip() for ln in lines]
     if not names:
-        raise UsageError(f"--labels {p}: empty; write one class name per line")
+        raise UsageError(f"{option} {p}: empty; write one class name per line")
     if any(not n for n in names):
-        raise UsageError(f"--labels {p}: line {names.index('') + 1} is blank; write one class name per line")
+        raise UsageError(f"{option} {p}: line {names.index('') + 1} is blank; write one class name per line")
     return names
 
 
@@ -76,12 +83,18 @@ def torch_load(p: Path) -> Any:
 
 
 def _safetensors_load(p: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load
+    """A safetensors file's tensors, mapped by safetensors itself (``safe_open``): the file is never held in memory as
+    bytes beside its tensors (a 20 GB model.safetensors was read whole, then parsed: twice its size in memory; now
+    the tensors and one tensor's copy). Its SHA-256 is streamed first
+    and its identity recorded, so a file replaced before the result is written is refused (core/loaded.py)."""
+    from safetensors import SafetensorError, safe_open
 
     try:
-        data, _ = read_hashed(p)  # lineage hashes the bytes loaded (core/loaded.py)
-        return load(data)
+        hash_recorded(p)
+        with safe_open(str(p), framework="pt", device="cpu") as f:
+            # each tensor copied out of the map, one at a time: a tensor left on the map would crash the process
+            # (SIGBUS) when the file is truncated in place later (a `cp` over it while the import runs)
+            return {k: f.get_tensor(k).clone() for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
     except (SafetensorError, OSError, ValueError) as e:
         raise VitdeployError(f"{p}: not a readable safetensors file ({str(e)[:80]})") from None
 

@@ -71,11 +71,17 @@ def _tokenizer_files(folder: Path) -> str | None:
 
 def _lines(path: Path, option: str) -> list[str]:
     """The file's lines, split at '\\n' only (a CRLF's '\\r' dropped), so a name holding another line break is
-    seen and refused rather than silently split; trailing blank lines ignored."""
+    seen and refused rather than silently split; trailing blank lines ignored. A regular file of a bounded size
+    (core/limits.py ``text_file_bytes``): a FIFO or /dev/zero is refused in one line before it is read."""
+    from vitdeploy.core.fileio import NotAFileOfBoundedSize, read_bounded
+    from vitdeploy.core.limits import bounds
+
     try:
-        text = path.read_text(encoding="utf-8-sig")  # -sig: a BOM (Notepad) is not part of the first line
+        text = read_bounded(path, int(bounds("text_file_bytes")["max"])).decode("utf-8-sig")  # -sig: a BOM (Notepad)
     except FileNotFoundError:
         raise UsageError(f"{option} {path}: no such file") from None
+    except NotAFileOfBoundedSize as e:
+        raise UsageError(f"{option} {path}: {e}; give a text file, one entry per line") from None
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"{option} {path}: cannot read it as UTF-8 text ({type(e).__name__})") from None
     lines = [ln[:-1] if ln.endswith("\r") else ln for ln in text.split("\n")]

@@ -579,9 +579,15 @@ def check_batch_fits(manifest: Any, batch_size: int) -> None:
     need = batch_bytes(manifest, batch_size)
     if free is None or need <= free:
         return
-    fit = max(1, free // max(1, batch_bytes(manifest, 1)))
+    one = batch_bytes(manifest, 1)
+    h, w = (int(v) for v in manifest.input_size)
+    if one > free or batch_size == 1:  # no smaller batch helps: the input size is what does not fit
+        raise VitdeployError(f"one image of this model ({h}x{w} input) needs about {one / 2**30:.1f} GiB and "
+                             f"{free / 2**30:.1f} GiB is free here: free memory, run it on a larger machine, or import "
+                             "it again at a smaller --image-size")
+    fit = max(1, min(free // max(1, one), batch_size - 1))
     raise UsageError(f"--batch-size {batch_size}: one batch would need about {need / 2**30:.1f} GiB and "
-                     f"{free / 2**30:.1f} GiB is free here; use --batch-size {min(fit, batch_size - 1)} or less")
+                     f"{free / 2**30:.1f} GiB is free here; use --batch-size {fit} or less")
 
 
 # --- output -------------------------------------------------------------------------------------
