@@ -229,8 +229,10 @@ def _recorded_images(art: OnnxArtifact) -> list[Path]:
     cache = art.path.parent / str(q.get("calibration_cache") or calib_cache_name(art.path).name)
     try:
         names = json.loads(cache.read_text()).get("images") or []
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return []
+    if not isinstance(names, list) or not all(isinstance(n, str) and n and "\x00" not in n for n in names):
+        return []  # not a list of file names: the one image rule decides instead
     out: list[Path] = []
     for n in names:
         cands = [Path(n)] if Path(n).is_absolute() else [Path.cwd() / n, art.path.parent / n]

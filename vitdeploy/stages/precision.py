@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,16 +227,47 @@ def _cache_key(model_sha: str, files: ImageSet, tensors: list[str]) -> str:
     return h.hexdigest()[:32]
 
 
-def _read_cache(path: Path, key: str) -> tuple[dict[str, dict[str, float]], int] | None:
-    """The ranges and image count of a cache written for exactly this key (else None: calibrate again)."""
+def _read_cache(path: Path, key: str, tensors: list[str], method: str,
+                warnings: list[str]) -> tuple[dict[str, dict[str, float]], int] | None:
+    """The ranges and image count of a cache written for exactly this key, validated as any input read back: every
+    tensor present with a finite, positive range for ``method``, and a positive image count. None: calibrate again
+    (a missing cache or one of another key silently, as a stale one; a damaged one said in ``warnings``)."""
     try:
         d = json.loads(path.read_text())
-        if d.get("format") != CACHE_FORMAT or d.get("key") != key:
-            return None
-        ranges = {k: {m: float(v) for m, v in r.items()} for k, r in d["ranges"].items()}
-        return ranges, int(d["calibrated_images"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError, RecursionError) as e:
+        warnings.append(f"{path.name}: not a readable calibration cache ({type(e).__name__}): calibrated again")
+        return None
+    if not isinstance(d, dict):
+        warnings.append(f"{path.name}: not a calibration cache (a JSON {type(d).__name__}): calibrated again")
+        return None
+    if d.get("format") != CACHE_FORMAT or d.get("key") != key:
+        return None
+    why = _cache_defect(d, tensors, method)
+    if why is not None:
+        warnings.append(f"{path.name}: {why}: calibrated again")
+        return None
+    return {t: {m: float(v) for m, v in d["ranges"][t].items()} for t in tensors}, int(d["calibrated_images"])
+
+
+def _cache_defect(d: dict[str, Any], tensors: list[str], method: str) -> str | None:
+    """What makes a calibration cache of the right key unusable (None: nothing)."""
+    ranges, n = d.get("ranges"), d.get("calibrated_images")
+    if not isinstance(ranges, dict):
+        return "its 'ranges' is not an object of tensor ranges"
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        return f"'calibrated_images' is {n!r}, not a whole number of at least 1"
+    for t in tensors:
+        r = ranges.get(t)
+        if not isinstance(r, dict):
+            return f"no range for tensor {t!r}"
+        if method not in r:
+            return f"tensor {t!r} has no {method!r} range"
+        for m, v in r.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+                return f"tensor {t!r} has {m} range {v!r}, not a finite positive number"
+    return None
 
 
 def _read_batches(files: ImageSet, manifest: Manifest, batch_size: int, progress: Progress | None,
@@ -643,7 +675,7 @@ def calibrate(
     key = _cache_key(model_sha, files, tensors + [f"smoothing={smoothing}"])
     unsafe, headroom = fp16_headroom(model, manifest, files, src) if float_type == "fp16" else ([], None)
     cpath = calib_cache_name(dest)
-    cached = _read_cache(cpath, key)
+    cached = _read_cache(cpath, key, tensors, method, warnings)
     reused = cached is not None
     ranges, n_read, skipped = cached + ([],) if cached else _fresh_ranges(
         model, tensors, files, manifest, batch_size, files.source, progress)
