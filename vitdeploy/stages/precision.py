@@ -36,6 +36,8 @@ QUANTIZERS = ("vitdeploy", "nncf")  # who places the Q/DQ: ours (the default), o
 FLOAT_TYPES = ("fp32", "fp16")
 DEFAULT_IMAGES = Path("calibration")
 CACHE_FORMAT = "vitdeploy-calibration/1"
+CALIB_BATCH = 32  # images per calibration pass (calibrate's --batch-size default): at least one batch is needed
+CALIB_IMAGES = 512  # images sampled for calibration (calibrate's --num-images default)
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -183,6 +185,36 @@ def _fit_graph(model: Any, facts: TargetFacts | None, src: Path) -> None:
 
 
 # --- INT8 -------------------------------------------------------------------------------------
+
+
+def check_quantizer_target(quantizer: str, target: str | None) -> str | None:
+    """The target an INT8 by ``quantizer`` is made for (NNCF's: a CPU's, ``cpu`` when none is given), or a usage
+    error: an unknown quantizer, or NNCF's INT8 for a TensorRT target. `bundle` asks it before any work too."""
+    if quantizer not in QUANTIZERS:
+        raise UsageError(f"--quantizer {quantizer!r}: choose {' or '.join(QUANTIZERS)}")
+    if quantizer != "nncf":
+        return target
+    if target is None:
+        return "cpu"
+    if ALIASES.get(target, target) not in CPU_TARGETS:
+        raise UsageError(f"--quantizer nncf makes an INT8 for a CPU, not for {target}: use -t cpu or -t openvino, "
+                         "or drop --quantizer for TensorRT")
+    return target
+
+
+def check_calibration_count(n: int, source: object, batch_size: int = CALIB_BATCH,
+                            num_images: int | None = None) -> None:
+    """At least one batch of calibration images, else one line whose advice can help: more images in the folder
+    (raising --num-images helps only while it is below the batch; `bundle` has neither option, ``num_images`` None)."""
+    if n >= batch_size:
+        return
+    if num_images is not None and num_images < batch_size:
+        advice = f"raise --num-images to {batch_size} or more, or pass a smaller --batch-size"
+    elif num_images is not None:
+        advice = f"add images to {source} ({batch_size} or more), or pass a smaller --batch-size"
+    else:
+        advice = f"add images to {source}: {batch_size} at least, a few hundred like the deployment's for stable ranges"
+    raise VitdeployError(f"{n} calibration image(s) from {source}, fewer than one batch ({batch_size}): {advice}")
 
 
 def _sample_images(images: str | Path | None, num_images: int, seed: int, manifest: Manifest,
@@ -477,14 +509,10 @@ def _write_cache(cpath: Path, key: str, model_sha: str, files: list[str], n_read
 
 def _fresh_ranges(
     model: Any, tensors: list[str], files: ImageSet, manifest: Manifest, batch_size: int, images: str | Path,
-    progress: Progress | None,
+    progress: Progress | None, num_images: int | None = None,
 ) -> tuple[dict[str, dict[str, float]], int, list[tuple[str, str]]]:
     """Ranges from a calibration pass (no valid cache): at least one batch of images is needed."""
-    if len(files) < batch_size:
-        raise VitdeployError(
-            f"{len(files)} calibration image(s) from {images}, fewer than one batch ({batch_size}): "
-            "add images, raise --num-images or pass a smaller --batch-size"
-        )
+    check_calibration_count(len(files), images, batch_size, num_images)
     return _collect_ranges(model, tensors, files, manifest, batch_size, progress)
 
 
@@ -553,8 +581,8 @@ def calibrate(
     model_onnx: str | Path | OnnxArtifact = "model.onnx",
     images: str | Path | None = "calibration",
     out: str | Path | None = None,
-    num_images: int = 512,
-    batch_size: int = 32,
+    num_images: int = CALIB_IMAGES,
+    batch_size: int = CALIB_BATCH,
     method: str = DEFAULT_METHOD,
     quantize_attention: bool = DEFAULT_QUANTIZE_ATTENTION,
     float_type: str | None = None,
@@ -605,8 +633,7 @@ def calibrate(
     from vitdeploy.graph.fp16 import to_fp16
     from vitdeploy.graph.quantize import ensure_node_names, tensors_to_calibrate
 
-    if quantizer not in QUANTIZERS:
-        raise UsageError(f"--quantizer {quantizer!r}: choose {' or '.join(QUANTIZERS)}")
+    check_quantizer_target(quantizer, None)
     if method == "nncf":
         quantizer = "nncf"
     _check_options(DEFAULT_METHOD if quantizer == "nncf" else method, float_type or "fp32", batch_size, max_drop,
@@ -625,12 +652,9 @@ def calibrate(
     target = target or manifest.target
     facts = check_target(target)
     target = ALIASES.get(target, target) if target is not None else None  # ort: the cpu target's old name
-    if quantizer == "nncf":
-        if target is None:  # NNCF's INT8 is a CPU's
-            target, facts = "cpu", check_target("cpu")
-        elif target not in CPU_TARGETS:
-            raise UsageError(f"--quantizer nncf makes an INT8 for a CPU, not for {target}: use -t cpu or -t openvino, "
-                             "or drop --quantizer for TensorRT")
+    made_for = check_quantizer_target(quantizer, target)
+    if made_for != target:  # NNCF's INT8 is a CPU's
+        target, facts = made_for, check_target(made_for)
     if backend == "auto":  # a TensorRT target is judged on what TensorRT computes (the oracle), a CPU where it runs
         backend = ("oracle" if target is not None and target not in CPU_TARGETS
                    else "openvino" if target == "openvino" else "onnxruntime")
@@ -678,7 +702,7 @@ def calibrate(
     cached = _read_cache(cpath, key, tensors, method, warnings)
     reused = cached is not None
     ranges, n_read, skipped = cached + ([],) if cached else _fresh_ranges(
-        model, tensors, files, manifest, batch_size, files.source, progress)
+        model, tensors, files, manifest, batch_size, files.source, progress, num_images)
     if n_read < FEW_IMAGES:
         warnings.append(f"only {n_read} calibration images: 500 or more give stable ranges (fewer than {FEW_IMAGES} may not)")
     amax = {t: r[method] for t, r in ranges.items()}
