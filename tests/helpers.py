@@ -201,3 +201,27 @@ def with_spread(model: onnx.ModelProto, k: float, channels: list[int]) -> onnx.M
         for w in s.weights:
             edit(w, channels, 1.0 / k)
     return m
+
+
+def tiny_bundle(d: Path, target: str | None = None) -> Path:
+    """A real bundle (``vitdeploy.stages.bundle``) of a one-MatMul classifier made for ``target``, under ``d``:
+    seconds to make, so run.py's reads can be tried on copies of it."""
+    from onnx import TensorProto, helper
+
+    from vitdeploy.core.preprocess import Preprocess
+    from vitdeploy.stages.bundle import BundleOptions, bundle
+
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 0.02, (3 * 16 * 16, 5)).astype(np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("Flatten", ["pixel_values"], ["flat"], axis=1, name="flatten"),
+         helper.make_node("MatMul", ["flat", "W"], ["logits"], name="head")],
+        "linear", [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, 16, 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 5])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    pp = Preprocess(input_size=(16, 16), resize_mode="squash", interpolation="bilinear")
+    set_onnx_manifest(model, Manifest(model={"num_classes": 5, "image_size": [16, 16]}, labels=list("abcde"),
+                                      preprocess=pp.to_dict(), name="tiny", precision="fp32", target=target))
+    onnx.save(model, str(d / "model.onnx"))
+    out = d / "bundle"
+    bundle([d / "model.onnx"], out, BundleOptions(references=4))
+    return out

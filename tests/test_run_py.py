@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import HostCuda, load_run_py, write_plan
+from helpers import HostCuda, load_run_py, tiny_bundle, write_plan
 from trt_mock import fake_tensorrt
 
 
@@ -27,28 +27,7 @@ def made_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _tiny_bundle(d: Path, target: str | None) -> Path:
-    """A bundle of a one-MatMul classifier made for ``target``."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    from vitdeploy.core.manifest import Manifest, set_onnx_manifest
-    from vitdeploy.core.preprocess import Preprocess
-    from vitdeploy.stages.bundle import BundleOptions, bundle
-
-    w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 0.02, (3 * 16 * 16, 5)).astype(np.float32), "W")
-    graph = helper.make_graph(
-        [helper.make_node("Flatten", ["pixel_values"], ["flat"], axis=1, name="flatten"),
-         helper.make_node("MatMul", ["flat", "W"], ["logits"], name="head")],
-        "linear", [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, 16, 16])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 5])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    pp = Preprocess(input_size=(16, 16), resize_mode="squash", interpolation="bilinear")
-    set_onnx_manifest(model, Manifest(model={"num_classes": 5, "image_size": [16, 16]}, labels=list("abcde"),
-                                      preprocess=pp.to_dict(), name="tiny", precision="fp32", target=target))
-    onnx.save(model, str(d / "model.onnx"))
-    out = d / "bundle"
-    bundle([d / "model.onnx"], out, BundleOptions(references=4))
-    return out
+    return tiny_bundle(d, target)
 
 
 @pytest.fixture

@@ -45,21 +45,25 @@ def bundle(
 
     from vitdeploy.core.errors import UsageError
     from vitdeploy.core.fileio import check_output
-    from vitdeploy.stages.bundle import PRECISIONS, BundleOptions
+    from vitdeploy.stages.bundle import BundleOptions
     from vitdeploy.stages.bundle import bundle as make_bundle
 
     if quantizer not in ("vitdeploy", "nncf"):
         raise UsageError(f"--quantizer {quantizer!r}: choose vitdeploy or nncf")
     target = say_target(target)
     check_images = [*(images or []), *(check_images or [])]
-    if precision is not None and precision not in PRECISIONS:
-        raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     check_output(out, models or [], kind="dir")
+    opts = BundleOptions(
+        name=name, precision=precision, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
+        check_images=tuple(check_images or ()), references=references, force=force, target=target,
+    )
     prepared = None
     if models and len(models) == 1 and models[0].suffix in (".pth", ".pt"):
-        # one command from a checkpoint: export, INT8 and FP16 beside it (reused while current), verify, pack
-        from vitdeploy.stages.prepare import prepare
+        # one command from a checkpoint: export, INT8 and FP16 beside it (reused while current), verify, pack; every
+        # option of that whole path is checked before its first artifact is touched
+        from vitdeploy.stages.prepare import check_before_work, prepare
 
+        check_before_work(models[0], check_images[0] if check_images else None, target, int8, fp16, quantizer, opts, out)
         with Progress(SpinnerColumn(), text_column("bundle", "bold"), text_column("{task.description}"), TimeElapsedColumn(),
                       console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
             task = prog.add_task("starting", total=None)
@@ -70,10 +74,6 @@ def bundle(
     elif int8 or fp16 or quantizer != "vitdeploy":
         raise UsageError("--int8/--fp16/--quantizer choose what to make from a checkpoint: pass CKPT (or the ONNX models "
                          "themselves)")
-    opts = BundleOptions(
-        name=name, precision=precision, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
-        check_images=tuple(check_images or ()), references=references, force=force, target=target,
-    )
     with Progress(SpinnerColumn(), text_column("bundle", "bold"), text_column("{task.description}"), TimeElapsedColumn(),
                   console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
         task = prog.add_task("starting", total=None)

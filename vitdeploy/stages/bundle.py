@@ -229,8 +229,10 @@ def _recorded_images(art: OnnxArtifact) -> list[Path]:
     cache = art.path.parent / str(q.get("calibration_cache") or calib_cache_name(art.path).name)
     try:
         names = json.loads(cache.read_text()).get("images") or []
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return []
+    if not isinstance(names, list) or not all(isinstance(n, str) and n and "\x00" not in n for n in names):
+        return []  # not a list of file names: the one image rule decides instead
     out: list[Path] = []
     for n in names:
         cands = [Path(n)] if Path(n).is_absolute() else [Path.cwd() / n, art.path.parent / n]
@@ -390,9 +392,7 @@ def reference_images(opts: BundleOptions, manifest: Manifest, folder: Path, cwd:
         if not files:
             raise UsageError(f"no images in {', '.join(map(str, given))}")
         iset = ImageSet(files, ", ".join(map(str, given)))
-    else:
-        if given and Path(given[0]).is_dir() and not list_images(Path(given[0])):
-            raise UsageError(f"no images in {given[0]}")
+    else:  # a folder without images was refused before any work (check_options)
         iset = ImageSet.for_model(manifest, given[0] if given else None)
     out: list[Path] = []
     arrays: list[np.ndarray] = []
@@ -486,6 +486,29 @@ def is_bundle(folder: Path) -> bool:
         return False
 
 
+def check_options(opts: BundleOptions, out: Path, models: Sequence[str | Path]) -> None:
+    """The bundle's own options, refused (UsageError, exit 2) before any work: by ``bundle`` itself, and by the
+    one command from a checkpoint before its first artifact is made (stages/prepare.check_before_work)."""
+    if not (1 <= opts.min_batch <= opts.opt_batch <= opts.max_batch):
+        raise UsageError(f"batch profile must satisfy 1 ≤ min ≤ opt ≤ max, got {opts.min_batch}/{opts.opt_batch}/{opts.max_batch}")
+    if not 1 <= opts.references <= MAX_REFERENCES:
+        raise UsageError(f"--references {opts.references}: give 1 to {MAX_REFERENCES} (each is an image and a row of "
+                         "logits per precision inside the bundle)")
+    if opts.precision is not None and opts.precision not in PRECISIONS:
+        raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, not {opts.precision!r}")
+    if out.exists() and not opts.force:
+        raise UsageError(f"{out} exists; pass --force to replace it, or choose another -o")
+    if out.exists() and not is_bundle(out):
+        raise UsageError(f"{out} is not a vitdeploy bundle (no manifest.json with a bundle section): --force replaces "
+                         "only a bundle; choose another -o")
+    for m in models:
+        if Path(m).resolve().is_relative_to(out.resolve()):
+            raise UsageError(f"-o {out} holds the input {m}: write the bundle to a new folder")
+    given = list(opts.check_images)
+    if len(given) == 1 and Path(given[0]).is_dir() and not list_images(Path(given[0])):
+        raise UsageError(f"no images in {given[0]}")
+
+
 def bundle(
     models: Sequence[str | Path],
     out: str | Path = "bundle",
@@ -498,19 +521,7 @@ def bundle(
     say = progress or (lambda _msg: None)
     out = Path(out)
     cwd = Path(cwd) if cwd is not None else Path.cwd()
-    if not (1 <= opts.min_batch <= opts.opt_batch <= opts.max_batch):
-        raise UsageError(f"batch profile must satisfy 1 ≤ min ≤ opt ≤ max, got {opts.min_batch}/{opts.opt_batch}/{opts.max_batch}")
-    if not 1 <= opts.references <= MAX_REFERENCES:
-        raise UsageError(f"--references {opts.references}: give 1 to {MAX_REFERENCES} (each is an image and a row of "
-                         "logits per precision inside the bundle)")
-    if out.exists() and not opts.force:
-        raise UsageError(f"{out} exists; pass --force to replace it, or choose another -o")
-    if out.exists() and not is_bundle(out):
-        raise UsageError(f"{out} is not a vitdeploy bundle (no manifest.json with a bundle section): --force replaces "
-                         "only a bundle; choose another -o")
-    for m in models:
-        if Path(m).resolve().is_relative_to(out.resolve()):
-            raise UsageError(f"-o {out} holds the input {m}: write the bundle to a new folder")
+    check_options(opts, out, models)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir_beside(out)
     try:

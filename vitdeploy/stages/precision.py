@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,8 @@ QUANTIZERS = ("vitdeploy", "nncf")  # who places the Q/DQ: ours (the default), o
 FLOAT_TYPES = ("fp32", "fp16")
 DEFAULT_IMAGES = Path("calibration")
 CACHE_FORMAT = "vitdeploy-calibration/1"
+CALIB_BATCH = 32  # images per calibration pass (calibrate's --batch-size default): at least one batch is needed
+CALIB_IMAGES = 512  # images sampled for calibration (calibrate's --num-images default)
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -184,6 +187,36 @@ def _fit_graph(model: Any, facts: TargetFacts | None, src: Path) -> None:
 # --- INT8 -------------------------------------------------------------------------------------
 
 
+def check_quantizer_target(quantizer: str, target: str | None) -> str | None:
+    """The target an INT8 by ``quantizer`` is made for (NNCF's: a CPU's, ``cpu`` when none is given), or a usage
+    error: an unknown quantizer, or NNCF's INT8 for a TensorRT target. `bundle` asks it before any work too."""
+    if quantizer not in QUANTIZERS:
+        raise UsageError(f"--quantizer {quantizer!r}: choose {' or '.join(QUANTIZERS)}")
+    if quantizer != "nncf":
+        return target
+    if target is None:
+        return "cpu"
+    if ALIASES.get(target, target) not in CPU_TARGETS:
+        raise UsageError(f"--quantizer nncf makes an INT8 for a CPU, not for {target}: use -t cpu or -t openvino, "
+                         "or drop --quantizer for TensorRT")
+    return target
+
+
+def check_calibration_count(n: int, source: object, batch_size: int = CALIB_BATCH,
+                            num_images: int | None = None) -> None:
+    """At least one batch of calibration images, else one line whose advice can help: more images in the folder
+    (raising --num-images helps only while it is below the batch; `bundle` has neither option, ``num_images`` None)."""
+    if n >= batch_size:
+        return
+    if num_images is not None and num_images < batch_size:
+        advice = f"raise --num-images to {batch_size} or more, or pass a smaller --batch-size"
+    elif num_images is not None:
+        advice = f"add images to {source} ({batch_size} or more), or pass a smaller --batch-size"
+    else:
+        advice = f"add images to {source}: {batch_size} at least, a few hundred like the deployment's for stable ranges"
+    raise VitdeployError(f"{n} calibration image(s) from {source}, fewer than one batch ({batch_size}): {advice}")
+
+
 def _sample_images(images: str | Path | None, num_images: int, seed: int, manifest: Manifest,
                    warnings: list[str]) -> ImageSet:
     """The calibration images: a seeded sample of ``num_images`` from the folder. Without a folder (None, or the
@@ -226,16 +259,47 @@ def _cache_key(model_sha: str, files: ImageSet, tensors: list[str]) -> str:
     return h.hexdigest()[:32]
 
 
-def _read_cache(path: Path, key: str) -> tuple[dict[str, dict[str, float]], int] | None:
-    """The ranges and image count of a cache written for exactly this key (else None: calibrate again)."""
+def _read_cache(path: Path, key: str, tensors: list[str], method: str,
+                warnings: list[str]) -> tuple[dict[str, dict[str, float]], int] | None:
+    """The ranges and image count of a cache written for exactly this key, validated as any input read back: every
+    tensor present with a finite, positive range for ``method``, and a positive image count. None: calibrate again
+    (a missing cache or one of another key silently, as a stale one; a damaged one said in ``warnings``)."""
     try:
         d = json.loads(path.read_text())
-        if d.get("format") != CACHE_FORMAT or d.get("key") != key:
-            return None
-        ranges = {k: {m: float(v) for m, v in r.items()} for k, r in d["ranges"].items()}
-        return ranges, int(d["calibrated_images"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError, RecursionError) as e:
+        warnings.append(f"{path.name}: not a readable calibration cache ({type(e).__name__}): calibrated again")
+        return None
+    if not isinstance(d, dict):
+        warnings.append(f"{path.name}: not a calibration cache (a JSON {type(d).__name__}): calibrated again")
+        return None
+    if d.get("format") != CACHE_FORMAT or d.get("key") != key:
+        return None
+    why = _cache_defect(d, tensors, method)
+    if why is not None:
+        warnings.append(f"{path.name}: {why}: calibrated again")
+        return None
+    return {t: {m: float(v) for m, v in d["ranges"][t].items()} for t in tensors}, int(d["calibrated_images"])
+
+
+def _cache_defect(d: dict[str, Any], tensors: list[str], method: str) -> str | None:
+    """What makes a calibration cache of the right key unusable (None: nothing)."""
+    ranges, n = d.get("ranges"), d.get("calibrated_images")
+    if not isinstance(ranges, dict):
+        return "its 'ranges' is not an object of tensor ranges"
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        return f"'calibrated_images' is {n!r}, not a whole number of at least 1"
+    for t in tensors:
+        r = ranges.get(t)
+        if not isinstance(r, dict):
+            return f"no range for tensor {t!r}"
+        if method not in r:
+            return f"tensor {t!r} has no {method!r} range"
+        for m, v in r.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+                return f"tensor {t!r} has {m} range {v!r}, not a finite positive number"
+    return None
 
 
 def _read_batches(files: ImageSet, manifest: Manifest, batch_size: int, progress: Progress | None,
@@ -445,14 +509,10 @@ def _write_cache(cpath: Path, key: str, model_sha: str, files: list[str], n_read
 
 def _fresh_ranges(
     model: Any, tensors: list[str], files: ImageSet, manifest: Manifest, batch_size: int, images: str | Path,
-    progress: Progress | None,
+    progress: Progress | None, num_images: int | None = None,
 ) -> tuple[dict[str, dict[str, float]], int, list[tuple[str, str]]]:
     """Ranges from a calibration pass (no valid cache): at least one batch of images is needed."""
-    if len(files) < batch_size:
-        raise VitdeployError(
-            f"{len(files)} calibration image(s) from {images}, fewer than one batch ({batch_size}): "
-            "add images, raise --num-images or pass a smaller --batch-size"
-        )
+    check_calibration_count(len(files), images, batch_size, num_images)
     return _collect_ranges(model, tensors, files, manifest, batch_size, progress)
 
 
@@ -521,8 +581,8 @@ def calibrate(
     model_onnx: str | Path | OnnxArtifact = "model.onnx",
     images: str | Path | None = "calibration",
     out: str | Path | None = None,
-    num_images: int = 512,
-    batch_size: int = 32,
+    num_images: int = CALIB_IMAGES,
+    batch_size: int = CALIB_BATCH,
     method: str = DEFAULT_METHOD,
     quantize_attention: bool = DEFAULT_QUANTIZE_ATTENTION,
     float_type: str | None = None,
@@ -573,8 +633,7 @@ def calibrate(
     from vitdeploy.graph.fp16 import to_fp16
     from vitdeploy.graph.quantize import ensure_node_names, tensors_to_calibrate
 
-    if quantizer not in QUANTIZERS:
-        raise UsageError(f"--quantizer {quantizer!r}: choose {' or '.join(QUANTIZERS)}")
+    check_quantizer_target(quantizer, None)
     if method == "nncf":
         quantizer = "nncf"
     _check_options(DEFAULT_METHOD if quantizer == "nncf" else method, float_type or "fp32", batch_size, max_drop,
@@ -593,12 +652,9 @@ def calibrate(
     target = target or manifest.target
     facts = check_target(target)
     target = ALIASES.get(target, target) if target is not None else None  # ort: the cpu target's old name
-    if quantizer == "nncf":
-        if target is None:  # NNCF's INT8 is a CPU's
-            target, facts = "cpu", check_target("cpu")
-        elif target not in CPU_TARGETS:
-            raise UsageError(f"--quantizer nncf makes an INT8 for a CPU, not for {target}: use -t cpu or -t openvino, "
-                             "or drop --quantizer for TensorRT")
+    made_for = check_quantizer_target(quantizer, target)
+    if made_for != target:  # NNCF's INT8 is a CPU's
+        target, facts = made_for, check_target(made_for)
     if backend == "auto":  # a TensorRT target is judged on what TensorRT computes (the oracle), a CPU where it runs
         backend = ("oracle" if target is not None and target not in CPU_TARGETS
                    else "openvino" if target == "openvino" else "onnxruntime")
@@ -643,10 +699,10 @@ def calibrate(
     key = _cache_key(model_sha, files, tensors + [f"smoothing={smoothing}"])
     unsafe, headroom = fp16_headroom(model, manifest, files, src) if float_type == "fp16" else ([], None)
     cpath = calib_cache_name(dest)
-    cached = _read_cache(cpath, key)
+    cached = _read_cache(cpath, key, tensors, method, warnings)
     reused = cached is not None
     ranges, n_read, skipped = cached + ([],) if cached else _fresh_ranges(
-        model, tensors, files, manifest, batch_size, files.source, progress)
+        model, tensors, files, manifest, batch_size, files.source, progress, num_images)
     if n_read < FEW_IMAGES:
         warnings.append(f"only {n_read} calibration images: 500 or more give stable ranges (fewer than {FEW_IMAGES} may not)")
     amax = {t: r[method] for t, r in ranges.items()}

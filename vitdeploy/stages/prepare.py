@@ -68,27 +68,75 @@ def _current_for(path: Path, target: str | None, quantizer: str | None = None) -
     return m.target == target and source_link(path, m).status != STALE
 
 
+def made_precisions(int8: bool, fp16: bool) -> list[str]:
+    """The precisions the one command makes from a checkpoint: FP32, and INT8 and FP16 unless one alone is asked."""
+    return ["fp32", *(["int8"] if int8 or not fp16 else []), *(["fp16"] if fp16 or not int8 else [])]
+
+
+def check_inputs(ckpt: Path, images: str | Path | None, target: str | None, int8: bool, quantizer: str) -> str | None:
+    """What ``prepare`` refuses, checked before its first artifact is touched; returns the target's name.
+
+    The checkpoint exists, the target is known, --images is a folder, the quantizer makes an INT8 for the target
+    (calibrate's own check), and, where an INT8 will be calibrated, its folder holds one batch of images at least
+    (calibrate's own check, with the advice that helps here: more images in that folder)."""
+    from vitdeploy.core.targets import resolve_target
+    from vitdeploy.stages.precision import check_calibration_count, check_quantizer_target
+
+    if not ckpt.is_file():
+        raise VitdeployError(f"{ckpt}: no such checkpoint")
+    facts = resolve_target(target)
+    name = facts.name if facts is not None else None
+    if images is not None and not Path(images).is_dir():
+        raise UsageError(f"--images {images}: no such folder of images")
+    if not int8:
+        return name
+    check_quantizer_target(quantizer, name)
+    if quantizer == "nncf":
+        from vitdeploy.graph.nncf_ptq import import_nncf
+
+        import_nncf()  # one line saying how to install it, before model.onnx is touched
+    folder = ckpt.parent
+    if _current_for(folder / ONNX_NAMES["fp32"], name) and _current_for(folder / ONNX_NAMES["int8"], name, quantizer):
+        return name  # reused: nothing is calibrated
+    root = Path(images) if images is not None else Path("calibration")  # calibrate's one rule (None: calibration/)
+    if root.is_dir():
+        from vitdeploy.core.preprocess import list_images
+        from vitdeploy.stages.precision import CALIB_IMAGES
+
+        check_calibration_count(min(len(list_images(root)), CALIB_IMAGES), root)
+    return name
+
+
+def check_before_work(ckpt: Path, images: str | Path | None, target: str | None, int8: bool, fp16: bool,
+                      quantizer: str, opts: Any, out: Path) -> None:
+    """Every option of the whole path from a checkpoint, before the first artifact is touched (exit 2, or 1 for
+    too few calibration images): the bundle's (stages/bundle.check_options, ``opts`` its BundleOptions), the
+    precision it is to use among those made, and what prepare and calibrate refuse (``check_inputs``)."""
+    from vitdeploy.stages.bundle import check_options
+
+    check_options(opts, out, [ckpt])
+    made = made_precisions(int8, fp16)
+    if opts.precision is not None and opts.precision not in made:
+        raise UsageError(f"--precision {opts.precision}: this command makes {', '.join(made)} from {ckpt.name}; "
+                         f"drop --int8/--fp16, or choose one of those")
+    check_inputs(ckpt, images, target, int8 or not fp16, quantizer)
+
+
 def prepare(ckpt: str | Path, images: str | Path | None, target: str | None = None, int8: bool = True,
             fp16: bool = True, say: Callable[[str], None] | None = None, quantizer: str = "vitdeploy") -> Prepared:
     """The whole path from a checkpoint, beside it: export (parity on ``images``), INT8 (the accuracy guard on
     ``images``' labeled sub-folders where it has them, else calibrated without a budget) and FP16, then verify on the
     labeled images. An artifact already made for ``target`` from the current source is reused; only a missing or
     stale one is made. ``quantizer``: calibrate's (nncf: NNCF's INT8, for a CPU target)."""
-    from vitdeploy.core.targets import resolve_target
     from vitdeploy.model.imageset import ImageSet
 
     say = say or (lambda _m: None)
     ckpt = Path(ckpt)
-    if not ckpt.is_file():
-        raise VitdeployError(f"{ckpt}: no such checkpoint")
-    facts = resolve_target(target)
-    target = facts.name if facts is not None else None
+    target = check_inputs(ckpt, images, target, int8, quantizer)
     folder = ckpt.parent
     fp32, q8, h16 = folder / ONNX_NAMES["fp32"], folder / ONNX_NAMES["int8"], folder / ONNX_NAMES["fp16"]
     made: list[str] = []
     notes: list[str] = []
-    if images is not None and not Path(images).is_dir():
-        raise UsageError(f"--images {images}: no such folder of images")
     if not _current_for(fp32, target):
         from vitdeploy.stages.export import export_onnx
 

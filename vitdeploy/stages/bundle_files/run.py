@@ -114,6 +114,26 @@ def bundle_file(rel: object, what: str = "manifest.json lists", limit: int = MAX
     return real
 
 
+READ_CHUNK = 16 << 20  # bytes per read past the size fstat gave (a file that grows while read)
+
+
+def read_bounded(f: Any, limit: int, expect: int = 0) -> bytes:
+    """Up to ``limit + 1`` bytes of ``f``: the ``expect`` bytes fstat reported in one read (one allocation of the
+    file's size, no copy), then chunks for anything past them. Never ``f.read(limit + 1)``: CPython reserves the
+    whole bound up front (8 GiB for a 70 KB model), which fails under an address-space limit or strict overcommit
+    (a 4 GB Jetson)."""
+    first = f.read(min(max(expect, 0), limit + 1))
+    chunks = [first]
+    size = len(first)
+    while size <= limit:
+        chunk = f.read(min(READ_CHUNK, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return first if len(chunks) == 1 else b"".join(chunks)
+
+
 def read_bundle_bytes(rel: object, what: str = "manifest.json lists", limit: int = MAX_BYTES) -> bytes:
     """The bytes of a bundle file, read through one descriptor checked again after opening (no FIFO, no growth)."""
     path = bundle_file(rel, what, limit)
@@ -123,7 +143,7 @@ def read_bundle_bytes(rel: object, what: str = "manifest.json lists", limit: int
         if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
             raise SystemExit(f"error: {what} {safe(rel)!r}: not a regular file of a bounded size: copy the bundle again")
         with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(limit + 1)
+            data = read_bounded(f, limit, st.st_size)
     finally:
         os.close(fd)
     if len(data) > limit:
@@ -188,22 +208,45 @@ def resize_crop(img: Any, pp: dict) -> Any:
     return img.crop((left, top, left + w, top + h))
 
 
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words (a FIFO, a character device, ...)."""
+    for test, noun in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return noun
+    return "a special file"
+
+
 def load_resized(path: Path, pp: dict) -> np.ndarray:
-    """The resized, cropped RGB image as uint8 HWC."""
-    with pil().Image.open(path) as im:
-        im.load()
-        return np.asarray(resize_crop(to_rgb(im), pp), dtype=np.uint8)
+    """The resized, cropped RGB image as uint8 HWC, decoded from the file opened once and checked to be a regular
+    file (a FIFO swapped in after listing would block for ever; /dev/zero would never end)."""
+    fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{file_kind(mode)}, not an image file")
+        with pil().Image.open(f) as im:
+            im.load()
+            return np.asarray(resize_crop(to_rgb(im), pp), dtype=np.uint8)
 
 
 def list_images(args: list[str]) -> list[Path]:
+    """The image files the arguments name: a folder's images (regular files), and each file named; a named FIFO,
+    device or socket is one line (reading it would block or never end), as vitdeploy infer refuses it."""
     out: list[Path] = []
     for a in args:
         p = Path(a)
         if p.is_dir():
             out += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in EXTS
                           and not any(part.startswith(".") for part in f.relative_to(p).parts))
-        else:
-            out.append(p)
+            continue
+        try:
+            mode = os.stat(p).st_mode
+        except OSError:
+            mode = stat.S_IFREG  # missing: named as skipped when read, as any unreadable file
+        if not stat.S_ISREG(mode):
+            raise SystemExit(f"error: {safe(a)}: {file_kind(mode)}, not an image file: give image files or folders")
+        out.append(p)
     return out
 
 
@@ -459,7 +502,7 @@ def engine_dla_core(plan_file: Path) -> int | None:
         core = json.loads(text).get("engine", {}).get("options", {}).get("dla_core")
         if core is not None:
             return int(core)
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # no usable sidecar: the .dla marker decides
         pass
     marker = Path(str(plan_file) + ".dla")
     if marker.exists():
@@ -619,14 +662,24 @@ class OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def positive_int(text: str) -> int:
+BATCH_MAX = 4096  # images per model call: vitdeploy's core/limits.py BATCH_MAX (this file runs without vitdeploy)
+
+
+def positive_int(text: str, most: int | None = None) -> int:
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"{v}: give 1 or more")
+    if most is not None and v > most:
+        raise argparse.ArgumentTypeError(f"{v}: give at most {most}")
     return v
+
+
+def batch_int(text: str) -> int:
+    """--batch: 1 to BATCH_MAX (a billion images per call would reserve their memory before the first one)."""
+    return positive_int(text, BATCH_MAX)
 
 
 def verify_files(info: dict, names: list[str], keep: str | None = None) -> bytes | None:
@@ -661,6 +714,8 @@ def read_manifest() -> tuple[dict, dict, dict, list]:
         raise SystemExit(f"error: {name}: cannot read it ({e.strerror or e}): copy the bundle again") from None
     except ValueError as e:
         raise SystemExit(f"error: {name}: not valid JSON ({_first_line(e)}): copy the bundle again") from None
+    except RecursionError:  # [[[[...]]]] deeper than Python's stack: json gives up by recursion, not ValueError
+        raise SystemExit(f"error: {name}: nested too deeply to be a bundle manifest: copy the bundle again") from None
     except (KeyError, TypeError) as e:
         raise SystemExit(f"error: {name}: not a bundle manifest (no {e}): copy the bundle again") from None
     return manifest, info, pp, labels
@@ -812,7 +867,7 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", choices=("auto", "tensorrt", "onnxruntime", "openvino"), default="auto",
                     help="auto: the engine beside the ONNX when TensorRT loads; else, for a model made for a CPU target "
                          "(calibrate -t cpu), OpenVINO where it is installed; else ONNX Runtime")
-    ap.add_argument("--batch", type=positive_int, default=8, help="images per call")
+    ap.add_argument("--batch", type=batch_int, default=8, help=f"images per call (1 to {BATCH_MAX})")
     ap.add_argument("--top", type=positive_int, default=1, help="labels to print per image")
     ap.add_argument("--json", action="store_true", help="print JSON lines instead of text")
     ap.add_argument("--dla-core", type=int, default=None,
@@ -833,11 +888,17 @@ def _main(argv: list[str] | None = None) -> int:
             ap.error(f"--out {safe(args.out)}: no folder {safe(out_path.parent)}")
 
     manifest, info, pp, labels = read_manifest()
-    rel = args.model or info["default_model"]
+    rel = args.model if args.model is not None else info["default_model"]
+    if not isinstance(rel, str) or not rel:
+        raise SystemExit(f"error: manifest.json's bundle.default_model is {safe(repr(rel))}, not the name of one of its "
+                         "models: copy the bundle again")
     given = Path(rel)
     try:  # a model of this bundle: a path relative to it, or an absolute path into it; never a file elsewhere
         rel = (given.resolve() if given.is_absolute() else (HERE / given).resolve()).relative_to(HERE).as_posix()
     except (ValueError, OSError, RuntimeError):
+        if args.model is None:  # the manifest's own default, not an option the user gave
+            raise SystemExit(f"error: manifest.json's bundle.default_model {safe(rel)!r}: not a file of this bundle: "
+                             "copy the bundle again") from None
         ap.error(f"--model {safe(args.model)}: not a file of this bundle (give one of: {', '.join(map(safe, info['artifacts']))})")
     entry = None
     if Path(rel).suffix in (".engine", ".plan"):  # an engine named: the entry whose engine it is
@@ -845,7 +906,8 @@ def _main(argv: list[str] | None = None) -> int:
                  for k, e in row.items() if isinstance(e, dict) and e.get("engine") == rel]
         onnx_rel, entry = found[0] if found else (rel.rsplit(".", 1)[0] + ".onnx", {"onnx": rel.rsplit(".", 1)[0] + ".onnx", "engine": rel})
         if args.backend in ("onnxruntime", "openvino"):
-            ap.error(f"--model {safe(rel)} is an engine: --backend {args.backend} runs an ONNX (--model {safe(onnx_rel)})")
+            named = f"--model {safe(rel)}" if args.model is not None else f"manifest.json's default model {safe(rel)}"
+            ap.error(f"{named} is an engine: --backend {args.backend} runs an ONNX (--model {safe(onnx_rel)})")
     else:
         onnx_rel = rel
     if onnx_rel not in info["artifacts"]:
