@@ -244,7 +244,7 @@ def open_clip_tower(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], weigh
         cfg, st = _timm_tower(model_cfg, sd, weights, where)
     else:
         cfg, st = _own_tower(model_cfg, sd, where)
-    st = _float32(st)
+    st = _float32(st, where)
     _check_fits(st, cfg, where)
     return cfg, st
 
