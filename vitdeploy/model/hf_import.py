@@ -232,6 +232,8 @@ def hf_architecture(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], where
     if vc.integer("num_channels", 3, lo=1, hi=1024) != 3:
         raise VitdeployError(f"{where}: num_channels {vc.raw('num_channels')}; vitdeploy reads RGB images (3 channels)")
     archs = ", ".join(hf_architectures(cfg_json, config_path)) or "a model"
+    if "image_size" in vc.obj and vc.obj["image_size"] is None:  # the size the position embeddings are for: no guess
+        raise vc.refuse("image_size", None, "the input size the model was trained at (a whole number, or [height, width])")
     image_size = vc.size("image_size", 224)
     heads = vc.integer("num_attention_heads", 12, idea="heads")
     ln_eps = vc.number("layer_norm_eps", 1e-12, above=0.0, idea="ln_eps")
