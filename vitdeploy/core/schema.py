@@ -151,9 +151,8 @@ class Fields:
             else:
                 span = ""
             raise self.refuse(name, v, f"a finite number{span}")
-        x = float(v)
-        self._range(name, x, lo, hi, idea, "a number", above)
-        return x
+        self._range(name, v, lo, hi, idea, "a number", above)  # the value as the file wrote it (0, not 0.0)
+        return float(v)
 
     def number(self, name: str, default: Any = _MISSING, lo: float | None = None, hi: float | None = None,
               above: float | None = None, idea: str | None = None) -> float:
