@@ -199,7 +199,7 @@ def test_timm_folder_pretrained_cfg_read_as_timm_reads_it(tmp_path: Path) -> Non
     pp = load_any(tmp_path / "hf").manifest.pp()
     assert (pp.crop_pct, pp.resize_mode, pp.interpolation) == (0.875, "shorter", "bicubic")
     for field, value, said in (("interpolation", "area", "interpolation must be one of"), ("std", [0.2, 0.0, 0.2], "std"),
-                               ("crop_mode", "border", "crop_mode 'border'")):
+                               ("crop_mode", "border", 'crop_mode "border" must be one of center, squash')):
         bad = json.loads(json.dumps(cfg))
         bad["pretrained_cfg"][field] = value
         cfg_file.write_text(json.dumps(bad))

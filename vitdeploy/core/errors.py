@@ -74,3 +74,9 @@ class CudaUnavailable(VitdeployError):
 
 class SourceChanged(VitdeployError):
     """A source file replaced or rewritten while a command read or converted it: nothing is written."""
+
+
+class BadField(VitdeployError):
+    """A file written elsewhere (a foreign config.json, a processor config) that is not JSON, too large or too deep,
+    or has a field of the wrong type, range or length: the message names the file, the field, its value and what it
+    must be (core/schema.py). Exit 1, as every other refusal of a foreign model's files."""

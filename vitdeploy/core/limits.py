@@ -68,6 +68,23 @@ RANGES: dict[str, Bounds] = {
     # sizes of files read (bytes), refused before they are read (issue 37: --labels /dev/zero held 4.9 GB)
     "text_file_bytes": {"min": 1, "max": 64 << 20},  # --labels, --classes, --templates files, a shard index
     "weights_file_bytes": {"min": 1, "max": 1 << 40},  # one foreign weights file or shard (ViT-22B bf16: 44 GB)
+    # the architecture and preprocessing read from a foreign model's files (core/schema.py; issue 37, P1/P2)
+    "heads": {"min": 1, "max": 1024},  # attention heads (ViT-22B has 48); 0 divided by zero, negatives built nothing
+    "width": {"min": 1, "max": 65_536},  # hidden_size / embed_dim / MLP width (ViT-22B: 6144 wide, MLP 24576)
+    "depth": {"min": 1, "max": 1024},  # blocks
+    # LayerNorm's eps is added to a variance: above 0 (0 divides by zero on a constant token, NaN/negative give NaN)
+    # and at most 1 (real models use 1e-12 .. 1e-5; larger flattens every activation)
+    "ln_eps": {"min": 0.0, "max": 1.0},
+    # the eval resize is input_size / crop_pct: timm's and transformers' models use 0.875 .. 1.0. Below 0.25 the
+    # resize grows with 1 / crop_pct squared (1e-4 asked a 2.2-megapixel side and died in MemoryError; 0.002 took
+    # 2.6 GB per image); above 1 the resize is smaller than the crop and the rest is padding, never above 2
+    "crop_pct": {"min": 0.25, "max": 2.0},
+    # rescale_factor multiplies the 0..255 pixel values: transformers writes 1/255; 0 or NaN makes every image one
+    # constant, past 1 saturates every normalization
+    "rescale": {"min": 1e-6, "max": 1.0},
+    # rotary temperature (timm: 10000, DINOv3: 100): a base raised to fractional powers, so above 1 and finite
+    "rope_temperature": {"min": 1.0, "max": 1e9},
+    "classes": {"min": 0, "max": 1_000_000},  # a head's classes, as id2label / label_names count them
 }
 
 

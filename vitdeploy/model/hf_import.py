@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.schema import Fields
 
 # The base model's attribute in each *ForImageClassification (stripped from every name). transformers 5 may also
 # write a name without it (ViT-MSN's encoder), so each is optional.
@@ -202,10 +203,18 @@ def hf_vision_config(cfg_json: dict[str, Any]) -> dict[str, Any]:
     return dict(vc) if isinstance(vc, dict) else cfg_json
 
 
-def _pair(v: Any) -> tuple[int, int]:
-    if isinstance(v, (list, tuple)):
-        return (int(v[0]), int(v[1]))
-    return (int(v), int(v))
+def hf_vision_fields(cfg_json: dict[str, Any], config_path: str) -> Fields:
+    """The vision tower's fields as checked reads (core/schema.py): ``vision_config`` where there is one."""
+    cf = Fields(config_path, cfg_json, null_is_default=True)
+    return cf.sub("vision_config") or cf
+
+
+def hf_architectures(cfg_json: dict[str, Any], config_path: str) -> list[str]:
+    """config.json's ``architectures``: a list of class names (or absent)."""
+    v = cfg_json.get("architectures") or []
+    if not isinstance(v, list) or not all(isinstance(a, str) and len(a) <= 200 for a in v) or len(v) > 64:
+        raise Fields(config_path, cfg_json).refuse("architectures", v, "a list of class names (strings)")
+    return list(v)
 
 
 def hf_architecture(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], where: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -213,24 +222,37 @@ def hf_architecture(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], where
 
     ``image_size`` is the config's (the size the position embeddings were made for).
     """
-    vc = hf_vision_config(cfg_json)
-    if vc.get("use_swiglu_ffn"):
+    config_path = f"{where}/config.json"
+    vc = hf_vision_fields(cfg_json, config_path)
+    if vc.flag("use_swiglu_ffn", False):
         raise VitdeployError(f"{where}: use_swiglu_ffn (DINOv2-giant's SwiGLU FFN, weights_in/weights_out) is not mapped")
-    act = str(vc.get("hidden_act", "gelu"))
+    act = vc.text("hidden_act", "gelu")
     if act not in _ACTS:
         raise VitdeployError(f"{where}: hidden_act {act!r} has no vitdeploy equivalent ({', '.join(_ACTS)})")
-    if int(vc.get("num_channels", 3)) != 3:
-        raise VitdeployError(f"{where}: num_channels {vc.get('num_channels')}; vitdeploy reads RGB images (3 channels)")
-    archs = ", ".join(cfg_json.get("architectures") or []) or "a model"
+    if vc.integer("num_channels", 3, lo=1, hi=1024) != 3:
+        raise VitdeployError(f"{where}: num_channels {vc.raw('num_channels')}; vitdeploy reads RGB images (3 channels)")
+    archs = ", ".join(hf_architectures(cfg_json, config_path)) or "a model"
+    if "image_size" in vc.obj and vc.obj["image_size"] is None:  # the size the position embeddings are for: no guess
+        raise vc.refuse("image_size", None, "the input size the model was trained at (a whole number, or [height, width])")
+    image_size = vc.size("image_size", 224)
+    heads = vc.integer("num_attention_heads", 12, idea="heads")
+    ln_eps = vc.number("layer_norm_eps", 1e-12, above=0.0, idea="ln_eps")
+    layers = vc.integer("num_hidden_layers", None, idea="depth") if vc.has("num_hidden_layers") else None
+    hidden = vc.integer("hidden_size", None, idea="width") if vc.has("hidden_size") else None
+    mlp_ratio = vc.number("mlp_ratio", None, above=0.0, hi=64.0) if vc.has("mlp_ratio") else None
+    inter = vc.integer("intermediate_size", None, idea="width") if vc.has("intermediate_size") else None
+    n_reg = vc.integer("num_register_tokens", None, lo=0, hi=1024) if vc.has("num_register_tokens") else None
     sd, towers = clip_siglip_tower(sd, where)
     st = rename(sd, where, archs)
     st.update(towers)
     if "patch_embed.proj.weight" not in st:
         raise VitdeployError(f"{where}: no patch embedding among the tensors: not a Hugging Face ViT-family checkpoint")
     depth = 1 + max((int(k.split(".")[1]) for k in st if k.startswith("blocks.")), default=-1)
-    if depth != int(vc.get("num_hidden_layers", depth)):
-        raise VitdeployError(f"{where}: config.json says {vc.get('num_hidden_layers')} layers but the weights hold {depth}")
+    if layers is not None and depth != layers:
+        raise VitdeployError(f"{where}: config.json says {layers} layers but the weights hold {depth}")
     dim = int(st["patch_embed.proj.weight"].shape[0])
+    if hidden is not None and hidden != dim:
+        raise vc.refuse("hidden_size", hidden, f"the weights' width {dim} (the patch embedding has {dim} rows)")
     # the (class) token as a [1, 1, D] parameter; CLIP stores a [D] vector, SigLIP none
     if "cls_token" in st:
         st["cls_token"] = st["cls_token"].reshape(1, 1, dim)
@@ -243,13 +265,15 @@ def hf_architecture(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], where
         st["reg_token"] = st.pop("dist_token")
         reg, pre = 1, pre
     if "reg_token" in st and reg == 0:
-        reg = int(st["reg_token"].shape[1])
+        reg = int(st["reg_token"].shape[1]) if st["reg_token"].ndim >= 2 else 0
+    if n_reg is not None and n_reg != reg:
+        raise vc.refuse("num_register_tokens", n_reg, f"the weights' {reg} register tokens (embeddings.register_tokens)")
     if "pos_embed" in st:
         pe = st["pos_embed"]
         st["pos_embed"] = pe = pe.reshape(1, -1, dim)
         # DINOv2 with registers adds position embeddings to [class, patches] and inserts the registers after: the
         # same as zero position embeddings at the register slots.
-        if "num_register_tokens" in vc and reg:
+        if n_reg is not None and reg:
             st["pos_embed"] = torch.cat([pe[:, :1], torch.zeros(1, reg, dim), pe[:, 1:]], dim=1)
     for i in range(depth):  # fuse q, k, v into timm's qkv (+ q_bias/v_bias where k has no bias: BEiT)
         b = f"blocks.{i}.attn."
@@ -274,7 +298,7 @@ def hf_architecture(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], where
         raise VitdeployError(f"{where}: block 0 has no MLP (fc1 / intermediate.dense)")
     has_ls = "blocks.0.ls1.gamma" in st
     # the MLP width config.json gives (DINOv2 by mlp_ratio, the others by intermediate_size) must be the weights'
-    want = int(dim * float(vc["mlp_ratio"])) if "mlp_ratio" in vc else vc.get("intermediate_size")
+    want = int(dim * mlp_ratio) if mlp_ratio is not None else inter
     if want is not None and int(want) != int(fc1.shape[0]):
         raise VitdeployError(f"{where}: the weights do not fit config.json (an MLP of {int(want)}, "
                              f"but fc1 has {int(fc1.shape[0])} rows)")
@@ -284,15 +308,15 @@ def hf_architecture(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], where
     if head_in not in (dim, 2 * dim):
         raise VitdeployError(f"{where}: classifier takes {head_in} features; the model's width is {dim}")
     fields: dict[str, Any] = {
-        "image_size": _pair(vc.get("image_size", 224)),
+        "image_size": image_size,
         "patch_size": int(st["patch_embed.proj.weight"].shape[-1]),
         "num_classes": n_cls,
         "embed_dim": dim,
         "depth": depth,
-        "num_heads": int(vc.get("num_attention_heads", 12)),
+        "num_heads": heads,
         "mlp_dim": int(fc1.shape[0]),
         "mlp_ratio": int(fc1.shape[0]) / dim,
-        "ln_eps": float(vc.get("layer_norm_eps", 1e-12)),
+        "ln_eps": ln_eps,
         "act": _ACTS[act],
         "class_token": "cls_token" in st,
         "reg_tokens": reg,

@@ -11,8 +11,6 @@ transformers nor timm is needed at run time.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,9 +19,10 @@ import torch
 
 from vitdeploy.core.artifact import read_manifest
 from vitdeploy.core.errors import UsageError, VitdeployError
-from vitdeploy.core.limits import bounds
+from vitdeploy.core.limits import RANGES, bounds
 from vitdeploy.core.loaded import SourceReads
 from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest
+from vitdeploy.core.schema import Fields, load_json
 from vitdeploy.model.checkpoint import (
     CKPT_KEY,
     Checkpoint,
@@ -38,17 +37,21 @@ from vitdeploy.model.sources import (  # noqa: F401  (HF_WEIGHTS re-exported)
     OPEN_CLIP_CONFIG,
     check_source,
     folder_parts,
+    is_hf_folder,
     is_open_clip_folder,
     weights_parts,
 )
 from vitdeploy.model.timm_import import load_timm, load_timm_folder
 from vitdeploy.model.vit import ViTConfig
 from vitdeploy.model.weights import (  # noqa: F401  (re-exported: callers import them from here)
+    INDEX_DTYPES,
+    WEIGHT_DTYPES,
     _check_fits,
     _check_label_count,
     _float32,
     _manifest,
     _safetensors_load,
+    check_weight_dtypes,
     labels_for,
     read_labels,
     read_tensors,
@@ -65,6 +68,7 @@ PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box
 # transformers' ViTImageProcessor defaults (IMAGENET_STANDARD_MEAN/STD), used when a folder has no processor config.
 HF_STANDARD_MEAN = (0.5, 0.5, 0.5)
 HF_STANDARD_STD = (0.5, 0.5, 0.5)
+RANGES_CROP = RANGES["crop_pct"]
 
 # --- Hugging Face --------------------------------------------------------------------------------
 
@@ -93,40 +97,45 @@ def _hf_preprocess(folder: Path, image_size: tuple[int, int]) -> dict[str, Any]:
     pc: dict[str, Any] = {}
     if not f.is_file() and (folder / HF_PROCESSOR).is_file():
         f = folder / HF_PROCESSOR
+    prefix = ""
     if f.is_file():
-        try:
-            pc = json.loads(f.read_text())
-        except json.JSONDecodeError as e:
-            raise VitdeployError(f"{f}: not valid JSON ({e})") from None
+        pc = load_json(f)
         if f.name == HF_PROCESSOR:
             part = pc.get("image_processor") if isinstance(pc, dict) else None
             if not isinstance(part, dict):
                 raise VitdeployError(f"{f}: no image_processor entry (the image processor's settings)")
-            pc = part
+            pc, prefix = part, "image_processor."
+    r = Fields(f, pc, prefix)
     h, w = image_size
-    size = pc.get("size", {"height": h, "width": w})
-    if isinstance(size, int):
+    size = r.raw("size", {"height": h, "width": w})
+    if isinstance(size, int) and not isinstance(size, bool):
         size = {"height": size, "width": size}
-    resample = pc.get("resample", 2)
+    sz = Fields(f, size, f"{prefix}size.")
+    resample = r.raw("resample", 2)
     # an int (PIL's enum value) as transformers writes it; tolerate a name such as "PILImageResampling.BICUBIC"
-    interp = PIL_RESAMPLE.get(int(resample)) if isinstance(resample, int) else str(resample).rsplit(".", 1)[-1].lower()
+    interp = (PIL_RESAMPLE.get(resample) if isinstance(resample, int) and not isinstance(resample, bool)
+              else str(resample).rsplit(".", 1)[-1].lower() if isinstance(resample, str) else None)
     if interp not in PIL_RESAMPLE.values():
-        raise VitdeployError(f"{f}: unknown resample {resample!r}")
-    crop = pc.get("crop_size") if pc.get("do_center_crop") else None
-    if "height" in size and "width" in size and crop is None:
-        mode, crop_pct, out = "squash", 1.0, (int(size["height"]), int(size["width"]))
-    elif "height" in size and "width" in size and isinstance(crop, dict) and "height" in crop and "width" in crop:
+        raise r.refuse("resample", resample, f"one of PIL's filters ({', '.join(f'{k} {v}' for k, v in PIL_RESAMPLE.items())})")
+    crop = r.raw("crop_size") if r.flag("do_center_crop", False) else None
+    if isinstance(crop, int) and not isinstance(crop, bool):
+        crop = {"height": crop, "width": crop}
+    cr = Fields(f, crop, f"{prefix}crop_size.") if crop is not None else None
+    if sz.has("height") and sz.has("width") and cr is None:
+        mode, crop_pct, out = "squash", 1.0, (sz.integer("height", idea="image_size"), sz.integer("width", idea="image_size"))
+    elif sz.has("height") and sz.has("width") and cr is not None and cr.has("height") and cr.has("width"):
         # DeiT/BEiT: squash to size, then center-crop crop_size; one crop_pct must give both sides
-        sh, sw, ch, cw = int(size["height"]), int(size["width"]), int(crop["height"]), int(crop["width"])
+        sh, sw = sz.integer("height", idea="image_size"), sz.integer("width", idea="image_size")
+        ch, cw = cr.integer("height", idea="image_size"), cr.integer("width", idea="image_size")
         crop_pct = ch / sh
         if int(ch / crop_pct) != sh:
             crop_pct = ch / (sh + 1e-6)
         if (int(cw / crop_pct), int(ch / crop_pct)) != (sw, sh) or ch > sh or cw > sw:
             raise VitdeployError(f"{f}: resize {size} then crop {crop}: the crop is not one fraction of both sides")
         mode, out = "squash_crop", (ch, cw)
-    elif "shortest_edge" in size and isinstance(crop, dict) and crop.get("height") == crop.get("width"):
+    elif sz.has("shortest_edge") and cr is not None and cr.raw("height") == cr.raw("width"):
         # resize the shorter side, then center-crop: timm's eval transform with crop_pct = crop / shorter side
-        short, c = int(size["shortest_edge"]), int(crop["height"])
+        short, c = sz.integer("shortest_edge", idea="image_size"), cr.integer("height", idea="image_size")
         mode, crop_pct, out = "shorter", c / short, (c, c)
         if int(c / crop_pct) != short:  # guard against float rounding in floor(c / crop_pct)
             crop_pct = c / (short + 1e-6)
@@ -135,21 +144,23 @@ def _hf_preprocess(folder: Path, image_size: tuple[int, int]) -> dict[str, Any]:
             f"{f}: resize {size} with center crop {crop} has no vitdeploy equivalent "
             "(supported: size {height, width}; or shortest_edge with a square crop_size)"
         )
-    do_norm = pc.get("do_normalize", True)
-    mean = [float(v) for v in _three(pc.get("image_mean", HF_STANDARD_MEAN))] if do_norm else [0.0, 0.0, 0.0]
-    std = [float(v) for v in _three(pc.get("image_std", HF_STANDARD_STD))] if do_norm else [1.0, 1.0, 1.0]
-    if not all(math.isfinite(v) for v in mean) or not all(math.isfinite(v) and v > 0 for v in std):
-        raise VitdeployError(f"{f}: image_mean {mean} / image_std {std}: every std must be a finite number above 0 "
-                             "and every mean finite; fix the processor config")
+    b = RANGES_CROP
+    if not b["min"] <= crop_pct <= b["max"]:
+        raise r.refuse("crop_size", crop, f"from {b['min']} to {b['max']} times the resize ({crop_pct:.3g} here: "
+                       "the eval resize is input / crop_pct)")
+    do_norm = r.flag("do_normalize", True)
+    mean = r.numbers("image_mean", HF_STANDARD_MEAN, lengths=(1, 3)) if do_norm else [0.0, 0.0, 0.0]
+    std = r.numbers("image_std", HF_STANDARD_STD, lengths=(1, 3), above=0.0) if do_norm else [1.0, 1.0, 1.0]
+    rescale = r.number("rescale_factor", 1 / 255, idea="rescale") if r.flag("do_rescale", True) else 1.0
     return {
         "input_size": [out[0], out[1]],
         "resize_mode": mode,
         "crop_pct": crop_pct,
         "interpolation": interp,
-        "mean": mean,
-        "std": std,
+        "mean": mean * 3 if len(mean) == 1 else mean,
+        "std": std * 3 if len(std) == 1 else std,
         "channel_order": "RGB",
-        "rescale": float(pc.get("rescale_factor", 1 / 255)) if pc.get("do_rescale", True) else 1.0,
+        "rescale": rescale,
         **({"crop_offset": "floor"} if mode != "squash" else {}),  # transformers' center_crop: (size - crop) // 2
     }
 
@@ -164,32 +175,51 @@ def _check_input_size(d: Path, size: tuple[int, int]) -> None:
                              f"to {b['max']} pixels: fix the processor config")
 
 
-def _three(v: Any) -> list[Any]:
-    """A processor's mean/std: three numbers, or one for every channel."""
-    return list(v) if isinstance(v, (list, tuple)) else [v, v, v]
-
-
-def _pair(v: Any) -> tuple[int, int]:
-    if isinstance(v, (list, tuple)):
-        return (int(v[0]), int(v[1]))
-    return (int(v), int(v))
+def hf_labels(cfg_json: dict[str, Any], config_path: Path, n_cls: int) -> list[str]:
+    """config.json's ``id2label`` as the head's class names: an object whose keys are exactly "0" .. "n-1" and whose
+    values are strings, one per class (a backbone's head of 0 classes keeps transformers' default names unread).
+    A name repeated under two ids (ImageNet's "crane" is a bird and a machine) gets its id appended on the later
+    ones, so each class keeps a name of its own. No id2label: transformers' own default names, LABEL_i."""
+    cf = Fields(config_path, cfg_json, null_is_default=True)
+    raw = cf.raw("id2label")
+    if not raw or n_cls == 0:
+        return [f"LABEL_{i}" for i in range(n_cls)]
+    if not isinstance(raw, dict):
+        raise cf.refuse("id2label", raw, 'an object {"0": "name", "1": "name", ...}')
+    keys: list[int] = []
+    for k in raw:
+        try:
+            keys.append(int(k))
+        except ValueError:
+            raise cf.refuse("id2label", {k: raw[k]}, 'keyed by class ids "0", "1", ...') from None
+    if sorted(keys) != list(range(n_cls)):
+        missing = sorted(set(range(n_cls)) - set(keys))
+        why = f"no id {missing[0]}" if missing else f"{len(keys)} ids"
+        raise cf.refuse("id2label", raw, f"one name for each of the head's {n_cls} classes, ids 0 to {n_cls - 1} ({why})")
+    by_id = dict(zip(keys, raw.values(), strict=True))
+    names: list[str] = []
+    for i in range(n_cls):
+        v = by_id[i]
+        if not isinstance(v, str) or not v.strip() or "\n" in v:
+            raise cf.refuse(f"id2label.{i}", v, "a class name (a non-empty string of one line)")
+        names.append(v if v not in names else f"{v} ({i})")
+    return names
 
 
 def load_hf_folder(folder: str | Path, labels: str | Path | None = None) -> Checkpoint:
     """A ``save_pretrained`` folder of ViTForImageClassification (or ViTModel) as a vitdeploy Checkpoint."""
     d = Path(folder)
-    try:
-        cfg_json = json.loads((d / HF_CONFIG).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise VitdeployError(f"{d / HF_CONFIG}: cannot read it ({type(e).__name__})") from None
+    cfg_json = load_json(d / HF_CONFIG)
+    Fields(d / HF_CONFIG, cfg_json)  # an object, or one line saying what it is instead
     mtype = cfg_json.get("model_type")
     if mtype is None and isinstance(cfg_json.get("architecture"), str):
         return load_timm_folder(d, cfg_json, labels)
     from vitdeploy.model.hf_import import hf_architecture, hf_vision_config, interpolate_like_transformers
 
     sd, weights_name = _hf_state_dict(d)
+    check_weight_dtypes(sd, str(d / weights_name), WEIGHT_DTYPES + INDEX_DTYPES)
     fields, state = hf_architecture(cfg_json, sd, str(d))
-    state = _float32(state)
+    state = _float32(state, str(d / weights_name))
     n_cls = int(fields["num_classes"])
     pp = _hf_preprocess(d, fields["image_size"])
     size = (int(pp["input_size"][0]), int(pp["input_size"][1]))
@@ -214,17 +244,9 @@ def load_hf_folder(folder: str | Path, labels: str | Path | None = None) -> Chec
     except ValueError as e:
         raise VitdeployError(f"{d / HF_CONFIG}: {e}") from None
     _check_fits(state, cfg, str(d))
-    if labels is not None:
-        names = labels_for(labels, n_cls)
-    else:
-        id2label = cfg_json.get("id2label") or {}
-        try:
-            names = [str(id2label[k]) for k in sorted(id2label, key=int)]
-        except ValueError:
-            names = []
-        if len(names) != n_cls or sorted(int(k) for k in id2label) != list(range(n_cls)):
-            names = [f"LABEL_{i}" for i in range(n_cls)]  # transformers' own default names
-    source = {"format": "huggingface", "path": str(d.resolve()), "weights": weights_name, "architectures": cfg_json.get("architectures")}
+    names = labels_for(labels, n_cls) if labels is not None else hf_labels(cfg_json, d / HF_CONFIG, n_cls)
+    source = {"format": "huggingface", "path": str(d.resolve()), "weights": weights_name,
+              "architectures": cfg_json.get("architectures")}
     return Checkpoint(_manifest(cfg, names, pp, d.resolve().name, source), state)
 
 
@@ -259,6 +281,12 @@ def import_checkpoint(
         check_image_size(tuple(image_size), "image_size")
     if labels is not None and zero_shot is None:  # (with zero_shot, --labels is refused below)
         read_labels(labels)  # a FIFO, a device or an unreadable file: refused before any weights are read
+    if image_size is not None and zero_shot is None:
+        from vitdeploy.model.pos_embed import check_resize
+
+        planned = planned_model(source, arch)  # from the names and configs alone: refused before any weights
+        if planned is not None:
+            check_resize(planned, image_size, str(source))
     with SourceReads("import") as reads:
         if zero_shot is not None:
             from vitdeploy.model.zero_shot import plan_zero_shot, zero_shot_classifier
@@ -287,6 +315,37 @@ def import_checkpoint(
     return save_checkpoint(out, model, manifest), manifest
 
 
+def planned_model(source: str | Path, arch: str | None) -> dict[str, Any] | None:
+    """What ``check_resize`` needs of the model ``load_any`` would read (patch size, and for a timm name its input size
+    and position encoding), from ``--arch`` or the folder's config alone, so an ``--image-size`` it refuses is refused
+    before the weights are read; None where the config does not say (the check then runs after loading)."""
+    from vitdeploy.model.timm_import import EVA_BEIT, check_arch, class_args, timm_arch
+
+    p = check_source(source, arch)
+    if arch:
+        entry = check_arch(arch)
+        if entry["family"] in EVA_BEIT:
+            from vitdeploy.model.timm_eva import eva_beit_config
+
+            return eva_beit_config(entry["class"], class_args(entry), f"--arch {arch}").to_dict()
+        return timm_arch(arch).config.to_dict()
+    if not is_hf_folder(p) or is_open_clip_folder(p):
+        return None
+    cfg_json = load_json(p / HF_CONFIG)
+    cf = Fields(p / HF_CONFIG, cfg_json, null_is_default=True)
+    if cfg_json.get("model_type") is None and isinstance(cfg_json.get("architecture"), str):  # a timm folder
+        ma = cf.sub("model_args")
+        if ma is not None and ma.has("patch_size"):
+            return {"patch_size": ma.size("patch_size", idea="patch_size")[0]}
+        entry = check_arch(cf.text("architecture"), f"{p / HF_CONFIG}: architecture")
+        ps = class_args(entry).get("patch_size", 16)
+        return {"patch_size": ps[0] if isinstance(ps, (list, tuple)) else ps}
+    from vitdeploy.model.hf_import import hf_vision_fields
+
+    vc = hf_vision_fields(cfg_json, str(p / HF_CONFIG))
+    return {"patch_size": vc.size("patch_size", 16, idea="patch_size")[0]} if vc.has("patch_size") else None
+
+
 def load_any(path: str | Path, arch: str | None = None, labels: str | Path | None = None) -> Checkpoint:
     """A checkpoint from any source vitdeploy reads.
 
@@ -296,6 +355,10 @@ def load_any(path: str | Path, arch: str | None = None, labels: str | Path | Non
     ``labels`` names a file of class names, one per line, replacing the source's.
     """
     p = check_source(path, arch)  # what needs no torch (model/sources.py): a plain folder, a missing or non-zip file …
+    if arch:
+        from vitdeploy.model.timm_import import check_arch
+
+        check_arch(arch)  # an unknown --arch: exit 2 before the weights are read
     if is_open_clip_folder(p):  # an image-text pair's image tower, as an embedding model (--classes: model/zero_shot.py)
         from vitdeploy.model.open_clip_import import load_open_clip_folder
 

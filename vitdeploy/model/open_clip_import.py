@@ -19,7 +19,6 @@ Anything else (attentional pooling, CoCa, ResNets, custom attention blocks, MLP 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import torch
 
 from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.schema import load_json
 from vitdeploy.model.checkpoint import Checkpoint
 from vitdeploy.model.sources import OPEN_CLIP_CONFIG, OPEN_CLIP_WEIGHTS, weights_parts
 from vitdeploy.model.vit import ViTConfig
@@ -53,10 +53,7 @@ _VISION_UNMAPPED = {
 def read_open_clip_config(folder: Path) -> dict[str, Any]:
     """``open_clip_config.json``: its ``model_cfg`` (embed_dim, vision_cfg, text_cfg) and ``preprocess_cfg``."""
     f = folder / OPEN_CLIP_CONFIG
-    try:
-        cfg = json.loads(f.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise VitdeployError(f"{f}: cannot read it ({type(e).__name__})") from None
+    cfg = load_json(f)
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model_cfg"), dict):
         raise VitdeployError(f"{f}: no model_cfg (open_clip writes it with save_for_hf); not an open_clip checkpoint")
     if not isinstance(cfg["model_cfg"].get("vision_cfg"), dict):
@@ -242,7 +239,7 @@ def open_clip_tower(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], weigh
         cfg, st = _timm_tower(model_cfg, sd, weights, where)
     else:
         cfg, st = _own_tower(model_cfg, sd, where)
-    st = _float32(st)
+    st = _float32(st, where)
     _check_fits(st, cfg, where)
     return cfg, st
 

@@ -51,6 +51,8 @@ def check_resize(model: dict[str, Any], size: tuple[int, int], where: str) -> No
     if size[0] % p or size[1] % p:
         raise UsageError(f"--image-size {size[0]}x{size[1]}: not a multiple of {where}'s patch size {p}; "
                          f"choose a multiple of {p} (e.g. {size[0] // p * p or p}x{size[1] // p * p or p})")
+    if "image_size" in model and tuple(model["image_size"]) == tuple(size):
+        return  # its own size: nothing to adapt, whatever its position encoding
     if model.get("rel_pos_bias"):
         raise UsageError(f"--image-size: {where} has a relative position bias (BEiT), whose tables vitdeploy does "
                          "not resample; deploy it at its own size")

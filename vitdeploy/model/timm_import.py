@@ -14,15 +14,15 @@ from __future__ import annotations
 import difflib
 import functools
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.errors import BadField, UsageError, VitdeployError
 from vitdeploy.core.manifest import Manifest
 from vitdeploy.core.preprocess import Preprocess
+from vitdeploy.core.schema import Fields, load_json
 from vitdeploy.model.presets import ViTConfig
 
 if TYPE_CHECKING:  # torch behind it: imported where a checkpoint is made
@@ -215,21 +215,22 @@ def pp_from_pretrained_cfg(pcfg: dict[str, Any], where: str) -> dict[str, Any]:
     dict, read as timm's resolve_data_config reads it (a missing or null field takes timm's default). Eval transform
     (timm/data/transforms_factory.py): center resizes the shorter side to size / crop_pct and center-crops; squash
     resizes both sides to size / crop_pct and center-crops (vitdeploy's squash_crop)."""
-    _, h, w = (int(v) for v in pcfg.get("input_size") or (3, 224, 224))
-    mode = pcfg.get("crop_mode") or "center"
-    if mode not in ("center", "squash"):
-        raise VitdeployError(f"{where}: crop_mode {mode!r} has no vitdeploy equivalent (center or squash)")
-    crop_pct = float(pcfg.get("crop_pct") or 0.875)
-    mean = [float(v) for v in pcfg.get("mean") or (0.485, 0.456, 0.406)]
-    std = [float(v) for v in pcfg.get("std") or (0.229, 0.224, 0.225)]
-    if not (crop_pct > 0 and all(math.isfinite(v) for v in mean + std) and min(std) > 0):
-        raise VitdeployError(f"{where}: pretrained_cfg crop_pct {crop_pct}, mean {mean}, std {std}: crop_pct and every "
-                             "std must be above 0, every number finite; fix the config")
+    r = Fields(where, pcfg, "pretrained_cfg.", null_is_default=True)
+    size = r.raw("input_size", (3, 224, 224))
+    if not isinstance(size, (list, tuple)) or len(size) != 3:
+        raise r.refuse("input_size", size, "a list of three whole numbers (channels, height, width)")
+    if r.as_int("input_size", size[0], lo=1, hi=1024) != 3:
+        raise r.refuse("input_size", size, "of 3 channels (vitdeploy reads RGB images)")
+    h, w = (r.as_int("input_size", v, idea="image_size") for v in size[1:])
+    mode = r.text("crop_mode", "center", choices=("center", "squash"))
+    crop_pct = r.number("crop_pct", 0.875, idea="crop_pct")
+    mean = r.numbers("mean", (0.485, 0.456, 0.406))
+    std = r.numbers("std", (0.229, 0.224, 0.225), above=0.0)
     pp: dict[str, Any] = {
         "input_size": [h, w],
         "resize_mode": "shorter" if mode == "center" else "squash_crop",
         "crop_pct": crop_pct,
-        "interpolation": str(pcfg.get("interpolation") or "bicubic"),
+        "interpolation": r.text("interpolation", "bicubic"),
         "mean": mean,
         "std": std,
         "channel_order": "RGB",
@@ -241,33 +242,47 @@ def pp_from_pretrained_cfg(pcfg: dict[str, Any], where: str) -> dict[str, Any]:
     return pp
 
 
-def timm_arch(name: str, overrides: dict[str, Any] | None = None) -> TimmArch:
-    """Architecture and eval preprocessing of a timm model name (``vit_base_patch16_224`` or ``...224.augreg_in1k``),
-    from the table timm's registrations generated. ``overrides``: timm kwargs over the name's (a folder's model_args).
-
-    An unknown name: UsageError (exit 2) with the closest names; a known name whose features the ViT lacks:
-    VitdeployError (exit 1) naming the feature.
-    """
+def check_arch(name: str, named_by: str | None = None) -> dict[str, Any]:
+    """The table's row of a timm model name, or one line: UsageError (exit 2) for ``--arch``, with the closest names;
+    for a name a file gives (``named_by``: "FILE: architecture"), BadField naming the file and its field.
+    Called before any weights are read."""
     base, _, tag = name.strip().partition(".")
     archs = _table()["archs"]
-    entry = archs.get(base)
+    entry: dict[str, Any] | None = archs.get(base)
+    what = f"{named_by} {name!r}" if named_by else f"--arch {name}"
+    error = BadField if named_by else UsageError
+    fix = f"; fix {named_by.rsplit(': ', 1)[0].rsplit('/', 1)[-1]}" if named_by else ""
     if entry is None:
         close = difflib.get_close_matches(base, list(archs), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `timm.list_models('vit_*')` lists timm's names"
-        raise UsageError(f"--arch {name}: not a timm ViT name vitdeploy knows (timm {timm_version()}){hint}")
+        raise error(f"{what}: not a timm ViT name vitdeploy knows (timm {timm_version()}){hint}{fix}")
     if tag and tag not in entry.get("all_tags", [tag]):
-        raise UsageError(f"--arch {name}: timm has no tag {tag!r} for {base}; its tags: {', '.join(entry.get('all_tags', []))}")
+        raise error(f"{what}: timm has no tag {tag!r} for {base}; its tags: {', '.join(entry.get('all_tags', []))}{fix}")
+    return entry
+
+
+def timm_arch(name: str, overrides: dict[str, Any] | None = None, named_by: str | None = None) -> TimmArch:
+    """Architecture and eval preprocessing of a timm model name (``vit_base_patch16_224`` or ``...224.augreg_in1k``),
+    from the table timm's registrations generated. ``overrides``: timm kwargs over the name's (a folder's model_args).
+    ``named_by``: the file and field the name comes from (a folder's "config.json: architecture"), else ``--arch``.
+
+    An unknown name: UsageError (exit 2) with the closest names (BadField where a file named it); a known name whose
+    features the ViT lacks: VitdeployError (exit 1) naming the feature.
+    """
+    base, _, tag = name.strip().partition(".")
+    entry = check_arch(name, named_by)
+    where = named_by or f"--arch {name}"
     kwargs = {**entry["args"], **(overrides or {})}
-    cfg = config_from_timm(entry["class"], kwargs, f"--arch {name}")
+    cfg = config_from_timm(entry["class"], kwargs, where)
     pcfg = {**entry.get("preprocess", {}), **entry.get("tags", {}).get(tag or entry.get("default_tag"), {})}
-    pp = pp_from_pretrained_cfg(pcfg, f"--arch {name}")
+    pp = pp_from_pretrained_cfg(pcfg, where)
     if "img_size" in kwargs or tuple(pp["input_size"]) != cfg.image_size:
         pp["input_size"] = list(cfg.image_size)
     if "img_size" not in kwargs and tuple(pcfg.get("input_size", (3, *cfg.image_size))[1:]) != cfg.image_size:
         try:  # timm builds at the pretrained cfg's size
             cfg = cfg.with_(image_size=tuple(pcfg["input_size"][1:]))
         except ValueError as e:
-            raise VitdeployError(f"--arch {name}: {e}") from None
+            raise VitdeployError(f"{where}: {e}") from None
         pp["input_size"] = list(cfg.image_size)
     return TimmArch(base, tag or None, cfg, pp, entry["class"], kwargs)
 
@@ -275,7 +290,7 @@ def timm_arch(name: str, overrides: dict[str, Any] | None = None) -> TimmArch:
 # --- loading -------------------------------------------------------------------------------------
 
 
-def _fit_to_weights(cfg: ViTConfig, sd: dict[str, Any], where: str, arch: str) -> ViTConfig:
+def _fit_to_weights(cfg: ViTConfig, sd: dict[str, Any], where: str, arch: str, named_by: str | None = None) -> ViTConfig:
     """The name's config with what a timm user may change at create_model without changing the name, read from the
     weights: the class count (``num_classes``), ``global_pool='avg'`` (fc_norm instead of norm) and ``qkv_bias``.
     Widths, depth, patch size or an input size that differ are named, with the --arch that fits where one can."""
@@ -285,7 +300,8 @@ def _fit_to_weights(cfg: ViTConfig, sd: dict[str, Any], where: str, arch: str) -
     want = {"embed_dim": cfg.embed_dim, "depth": cfg.depth, "patch_size": cfg.patch_size}
     if got != want:
         diff = ", ".join(f"{k} {got[k]} (not {want[k]})" for k in want if got[k] != want[k])
-        raise VitdeployError(f"{where}: the weights are not {arch}: {diff}; pass the --arch they were trained as")
+        fix = f"fix {named_by}" if named_by else "pass the --arch they were trained as"
+        raise VitdeployError(f"{where}: the weights are not {arch}: {diff}; {fix}")
     head = sd.get("head.weight")
     changes: dict[str, Any] = {"num_classes": int(head.shape[0]) if head is not None else 0}
     if "fc_norm.weight" in sd and "norm.weight" not in sd and not cfg.use_fc_norm and cfg.global_pool == "token":
@@ -302,6 +318,8 @@ def _fit_to_weights(cfg: ViTConfig, sd: dict[str, Any], where: str, arch: str) -
             base = arch.partition(".")[0]
             hint = re.sub(r"_(\d+)$", f"_{size}", base)
             fix = f"pass --arch {hint}" if hint != base and hint in _table()["archs"] else "pass the --arch they were trained as"
+            if named_by:
+                fix = f"fix {named_by}" + (f" ({hint})" if hint != base and hint in _table()["archs"] else "")
             raise VitdeployError(
                 f"{where}: the position embeddings are for {size}x{size} inputs, not {arch}'s "
                 f"{cfg.image_size[0]}x{cfg.image_size[1]}; {fix}"
@@ -310,10 +328,10 @@ def _fit_to_weights(cfg: ViTConfig, sd: dict[str, Any], where: str, arch: str) -
 
 
 def load_timm(path: str | Path, arch: str, labels: str | Path | None = None, loaded: Any = None,
-              overrides: dict[str, Any] | None = None, labelled: bool = False) -> Checkpoint:
+              overrides: dict[str, Any] | None = None, labelled: bool = False, named_by: str | None = None) -> Checkpoint:
     """A timm ViT state dict (plain, or inside a timm training checkpoint) with its timm model name, any family.
     A head that is the tower's projection (``projection_head``; ``labelled``: class names come with the weights)
-    makes an embedding model."""
+    makes an embedding model. ``named_by``: the file and field the name comes from (else it is ``--arch``)."""
     from vitdeploy.model.checkpoint import describe_foreign
     from vitdeploy.model.weights import _check_fits, _float32, read_tensors
 
@@ -321,13 +339,13 @@ def load_timm(path: str | Path, arch: str, labels: str | Path | None = None, loa
     entry = table_entry(arch)
     if entry is not None and entry["family"] in EVA_BEIT:
         return _eva_beit_checkpoint(p, arch, entry, labels, loaded, model_args=overrides, labelled=labelled)
-    spec = timm_arch(arch, overrides)
+    spec = timm_arch(arch, overrides, named_by)
     sd, key = read_tensors(p, loaded)
     sd = {k: v for k, v in sd.items() if not k.startswith("pre_logits.")}  # unused representation layer of old weights
     if "patch_embed.proj.weight" not in sd:
         raise VitdeployError(f"{p}: not a timm ViT state dict — {describe_foreign(sd)}")
-    cfg = _fit_to_weights(spec.config, sd, str(p), arch)
-    state = _float32(sd)
+    cfg = _fit_to_weights(spec.config, sd, str(p), arch, named_by)
+    state = _float32(sd, str(p))
     if projection_head(arch, None, cfg.num_classes, cfg.embed_dim, labelled or labels is not None):
         cfg = as_projection(cfg, state)
     _check_fits(state, cfg, f"{p} (as {arch})")
@@ -357,57 +375,116 @@ def load_timm_folder(folder: str | Path, cfg_json: dict[str, Any] | None = None,
     from vitdeploy.model.sources import HF_CONFIG, TIMM_WEIGHTS, weights_parts
 
     d = Path(folder)
+    cfg_path = d / HF_CONFIG
     if cfg_json is None:
-        cfg_json = json.loads((d / HF_CONFIG).read_text())
-    arch = str(cfg_json["architecture"])
-    pcfg = dict(cfg_json.get("pretrained_cfg") or {})
-    if "pretrained_cfg" not in cfg_json:  # timm's legacy single-dict config
+        cfg_json = load_json(cfg_path)
+    cf = Fields(cfg_path, cfg_json, null_is_default=True)
+    arch = cf.text("architecture")
+    if "pretrained_cfg" in cfg_json:
+        pr = cf.sub("pretrained_cfg")
+        pcfg = dict(pr.obj) if pr is not None else {}
+    else:  # timm's legacy single-dict config
         pcfg = {k: v for k, v in cfg_json.items() if k != "architecture"}
-    tag = pcfg.get("tag")
-    model_args = dict(cfg_json.get("model_args") or {})
+    tag = Fields(cfg_path, pcfg, "pretrained_cfg.", null_is_default=True).raw("tag")
+    if tag is not None and not isinstance(tag, str):
+        raise Fields(cfg_path, pcfg, "pretrained_cfg.").refuse("tag", tag, "a string (timm's pretrained tag)")
+    ma = cf.sub("model_args")
+    model_args = check_model_args(ma) if ma is not None else {}
+    names = label_names(cf, pcfg)
+    named_by = f"{cfg_path}: architecture"
+    entry = check_arch(arch, named_by)  # before any weights are read
     found = weights_parts(d, TIMM_WEIGHTS)  # checked: a regular file of a bounded size, inside the folder
     weights = d / found[0] if found is not None else None
     if weights is None:
         raise VitdeployError(f"{d}: no model.safetensors or pytorch_model.bin beside config.json")
-    entry = table_entry(arch)
-    if entry is not None and entry["family"] in EVA_BEIT:
+    if entry["family"] in EVA_BEIT:
         ck = _eva_beit_checkpoint(weights, arch, entry, labels, model_args=model_args, pcfg=pcfg,
-                                  labelled=_has_label_names(cfg_json, pcfg))
-        return _folder_checkpoint(ck, d, cfg_json, pcfg, labels, weights)
+                                  labelled=bool(names), pcfg_where=str(cfg_path))
+        return _folder_checkpoint(ck, d, cfg_path, names, labels, weights)
     name = f"{arch}.{tag}" if tag and "." not in arch else arch
-    try:
-        ck = load_timm(weights, name, labels, overrides=model_args, labelled=_has_label_names(cfg_json, pcfg))
-    except UsageError as e:  # an unknown name in a folder is the folder's problem, not an option's
-        raise VitdeployError(f"{d / HF_CONFIG}: {e}") from None
+    ck = load_timm(weights, name, labels, overrides=model_args, labelled=bool(names), named_by=named_by)
     m = ck.manifest
-    pp = pp_from_pretrained_cfg({**pcfg, "input_size": pcfg.get("input_size", (3, *m.model["image_size"]))}, str(d / HF_CONFIG))
+    pp = pp_from_pretrained_cfg({**pcfg, "input_size": pcfg.get("input_size", (3, *m.model["image_size"]))}, str(cfg_path))
     if tuple(pp["input_size"]) != tuple(m.model["image_size"]):
         raise VitdeployError(f"{d}: pretrained_cfg input_size {pp['input_size']} differs from the model's {m.model['image_size']}")
     m.preprocess = pp
-    return _folder_checkpoint(ck, d, cfg_json, pcfg, labels, weights)
+    return _folder_checkpoint(ck, d, cfg_path, names, labels, weights)
 
 
-def _folder_checkpoint(ck: Checkpoint, d: Path, cfg_json: dict[str, Any], pcfg: dict[str, Any], labels: str | Path | None,
+def _folder_checkpoint(ck: Checkpoint, d: Path, cfg_path: Path, names: list[str] | None, labels: str | Path | None,
                        weights: Path) -> Checkpoint:
     """A folder's checkpoint, any family: its label names and the folder as the source."""
-    folder_labels(ck.manifest, cfg_json, pcfg, labels)
+    folder_labels(ck.manifest, cfg_path, names, labels)
     ck.manifest.source = {**ck.manifest.source, "format": "timm-hub", "path": str(d.resolve()), "weights": weights.name}
     return ck
 
 
-def _has_label_names(cfg_json: dict[str, Any], pcfg: dict[str, Any]) -> bool:
-    """Whether a timm folder names its classes (``label_names``, as save_for_hf writes them)."""
-    return bool(cfg_json.get("label_names", pcfg.get("label_names")))
+# model_args a timm folder may set, each read by its type and range (core/schema.py); the rest pass on to the mappers,
+# which refuse by name what the ViT lacks. VisionTransformer's names and Eva/Beit's alike.
+_ARG_INTS = {"in_chans": {"lo": 1, "hi": 1024}, "num_classes": {"idea": "classes"}, "embed_dim": {"idea": "width"},
+             "depth": {"idea": "depth"}, "num_heads": {"idea": "heads"}, "reg_tokens": {"lo": 0, "hi": 1024},
+             "num_reg_tokens": {"lo": 0, "hi": 1024}, "attn_pool_num_heads": {"idea": "heads"}}
+_ARG_FLOATS = {"mlp_ratio": {"above": 0.0, "hi": 64.0}, "attn_pool_mlp_ratio": {"above": 0.0, "hi": 64.0},
+               "init_values": {"lo": 0.0, "hi": 1e3}, "rope_temperature": {"idea": "rope_temperature"},
+               "rope_grid_offset": {"lo": -1e3, "hi": 1e3}}
+_ARG_SIZES = {"img_size": "image_size", "patch_size": "patch_size", "ref_feat_shape": "image_size"}
+_ARG_BOOLS = ("qkv_bias", "class_token", "no_embed_class", "pre_norm", "qk_norm", "dynamic_img_size",
+              "use_abs_pos_emb", "use_rot_pos_emb", "use_rel_pos_bias", "swiglu_mlp", "scale_mlp", "qkv_fused",
+              "rope_rotate_half", "use_pre_transformer_norm")
 
 
-def folder_labels(m: Manifest, cfg_json: dict[str, Any], pcfg: dict[str, Any], labels: str | Path | None) -> None:
-    """A timm folder's label_names, where no --labels file replaces them and they fit the head."""
-    names = cfg_json.get("label_names", pcfg.get("label_names"))
+def check_model_args(ma: Fields) -> dict[str, Any]:
+    """A folder's ``model_args``, each field timm would read as a number, size or flag checked (null: timm's default)."""
+    for k, kw in _ARG_INTS.items():
+        if ma.has(k):
+            ma.integer(k, **kw)  # type: ignore[arg-type]
+    for k, fkw in _ARG_FLOATS.items():
+        if ma.has(k):
+            ma.number(k, **fkw)  # type: ignore[arg-type]
+    for k, idea in _ARG_SIZES.items():
+        if ma.has(k):
+            ma.size(k, idea=idea)
+    for k in _ARG_BOOLS:
+        if ma.has(k):
+            ma.flag(k)
+    norm = ma.raw("norm_layer")
+    if isinstance(norm, dict):
+        nf = Fields(ma.where, norm, f"{ma.prefix}norm_layer.", null_is_default=True)
+        if nf.has("eps"):
+            nf.number("eps", above=0.0, idea="ln_eps")
+    return dict(ma.obj)
+
+
+def label_names(cf: Fields, pcfg: dict[str, Any]) -> list[str] | None:
+    """A timm folder's ``label_names`` (top level, or in its pretrained cfg): a list of class names, or an object
+    keyed "0" .. "n-1"; None where it has none. A string is refused (it would be read as one name per letter)."""
+    src = cf if cf.has("label_names") else Fields(cf.where, pcfg, "pretrained_cfg.", null_is_default=True)
+    names = src.raw("label_names")
+    if names is None:
+        return None
+    if isinstance(names, dict):
+        try:
+            keys = sorted(names, key=int)
+        except ValueError:
+            raise src.refuse("label_names", names, 'a list of class names, or an object keyed "0", "1", ...') from None
+        if [int(k) for k in keys] != list(range(len(keys))):
+            raise src.refuse("label_names", names, "one name for each class id from 0, without gaps")
+        names = [names[k] for k in keys]
+    if not isinstance(names, list):
+        raise src.refuse("label_names", names, "a list of class names (one string per class)")
+    for i, n in enumerate(names):
+        if not isinstance(n, str) or not n.strip() or "\n" in n:
+            raise src.refuse(f"label_names[{i}]", n, "a class name (a non-empty string of one line)")
+    return list(names)
+
+
+def folder_labels(m: Manifest, cfg_path: Path, names: list[str] | None, labels: str | Path | None) -> None:
+    """A timm folder's label_names, where no --labels file replaces them; they must fit the head."""
     if labels is None and names:
-        if isinstance(names, dict):
-            names = [names[k] for k in sorted(names, key=int)]
-        if len(names) == m.num_classes:
-            m.labels = [str(n) for n in names]
+        if len(names) != m.num_classes:
+            raise BadField(f"{cfg_path}: label_names has {len(names)} names but the head has {m.num_classes} classes; "
+                           f"fix {cfg_path.name} or pass --labels")
+        m.labels = list(names)
 
 
 def _eva_beit_checkpoint(
@@ -419,24 +496,33 @@ def _eva_beit_checkpoint(
     model_args: dict[str, Any] | None = None,
     pcfg: dict[str, Any] | None = None,
     labelled: bool = False,
+    pcfg_where: str | None = None,
 ) -> Checkpoint:
     """A timm Eva/Beit state dict: its arguments from the generated table under the folder's ``model_args``,
     its names through the one layout filter (model/layouts.py), its preprocessing from the pretrained cfg."""
     from vitdeploy.model.layouts import rename_eva_beit
     from vitdeploy.model.timm_eva import eva_beit_config
-    from vitdeploy.model.weights import _check_fits, _float32, read_tensors
+    from vitdeploy.model.weights import (
+        INDEX_DTYPES,
+        WEIGHT_DTYPES,
+        _check_fits,
+        _float32,
+        check_weight_dtypes,
+        read_tensors,
+    )
 
     model_args = dict(model_args or {})
     defaults = class_args(entry)
     unknown = sorted(set(model_args) - set(defaults))
     if unknown:
-        raise VitdeployError(f"{p}: model_args {', '.join(unknown)} are not arguments of timm's {entry['class']}")
+        raise VitdeployError(f"{pcfg_where or p}: model_args {', '.join(unknown)} are not arguments of timm's {entry['class']}")
     args = {**defaults, **model_args}
-    cfg = eva_beit_config(entry["class"], args, arch)  # an architecture vitdeploy cannot hold: said before reading
+    cfg = eva_beit_config(entry["class"], args, pcfg_where or arch)  # what vitdeploy cannot hold: said before reading
     sd, key = read_tensors(p, loaded)
-    state = _float32(rename_eva_beit(sd))
+    check_weight_dtypes(sd, str(p), WEIGHT_DTYPES + INDEX_DTYPES)  # before q, k, v are concatenated
+    state = _float32(rename_eva_beit(sd), str(p))
     pcfg = {**entry.get("preprocess", {}), **(pcfg or {})}
-    pp = pp_from_pretrained_cfg({"input_size": (3, *cfg.image_size), **pcfg}, str(p))
+    pp = pp_from_pretrained_cfg({"input_size": (3, *cfg.image_size), **pcfg}, pcfg_where or str(p))
     if (args.get("dynamic_img_size") and not cfg.abs_pos_embed) or "img_size" not in {**entry["args"], **model_args}:
         # timm runs it at whatever size the preprocessing makes, its rotary tables computed for that grid; or, the
         # name passing no img_size, builds it at its pretrained cfg's input size (timm's _update_default_model_kwargs:

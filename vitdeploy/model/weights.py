@@ -124,8 +124,32 @@ def read_tensors(path: str | Path, loaded: Any = None) -> tuple[dict[str, torch.
     return {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}, key
 
 
-def _float32(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: (v.float() if v.is_floating_point() else v).contiguous() for k, v in sd.items()}
+# The dtypes a model's weights may come in: cast to float32 without loss of meaning (fp64 rounds, fp16/bf16 widen).
+# Anything else is no ViT weight: bool and integer tensors would become 0/1 or quantized codes without their scales,
+# fp8 without its scaling factors, complex with its imaginary part dropped (torch warns once, nothing else).
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+# Integer tensors a foreign file may carry beside the weights: index buffers (position_ids, relative_position_index),
+# dropped by the name mappers before _float32 sees the state.
+INDEX_DTYPES = ("int32", "int64")
+
+
+def check_weight_dtypes(sd: dict[str, torch.Tensor], where: str, allowed: tuple[str, ...] = WEIGHT_DTYPES) -> None:
+    """One line naming the first tensor whose dtype is not ``allowed`` (issue 37, P2). Called on a file's tensors as
+    read, before a mapper concatenates q, k and v (torch.cat would promote a bool or int8 block to float silently),
+    and on the final state."""
+    for k, v in sd.items():
+        dtype = str(v.dtype).removeprefix("torch.")
+        if dtype not in allowed:
+            raise VitdeployError(f"{where}: tensor {k} is {dtype}, which no ViT weight is; vitdeploy reads "
+                                 f"{', '.join(WEIGHT_DTYPES)} weights (dequantize or re-save them as float)")
+
+
+def _float32(sd: dict[str, torch.Tensor], where: str = "the weights") -> dict[str, torch.Tensor]:
+    """The model's tensors as float32; one line naming the first tensor of another kind."""
+    check_weight_dtypes(sd, where)
+    return {k: v.float().contiguous() for k, v in sd.items()}
 
 
 def _check_fits(state: dict[str, torch.Tensor], cfg: ViTConfig, where: str) -> None:

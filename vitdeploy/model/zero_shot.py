@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
-import json
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.schema import Fields, load_json
 from vitdeploy.core.task import CLASSIFIER, Task
 from vitdeploy.core.text import label_problem, printable
 from vitdeploy.model.sources import HF_CONFIG, OPEN_CLIP_CONFIG, is_hf_folder, is_open_clip_folder
@@ -263,10 +263,9 @@ def open_pair(source: str | Path) -> tuple[Path, str]:
             "or an open_clip checkpoint (open_clip_config.json)")
     if is_open_clip_folder(p):
         f = p / OPEN_CLIP_CONFIG
-        try:
-            model_cfg = json.loads(f.read_text()).get("model_cfg") or {}
-        except (OSError, json.JSONDecodeError, AttributeError) as e:
-            raise VitdeployError(f"{f}: cannot read it ({type(e).__name__})") from None
+        model_cfg = Fields(f, load_json(f)).raw("model_cfg") or {}
+        if not isinstance(model_cfg, dict):
+            raise Fields(f, {}).refuse("model_cfg", model_cfg, "an object {...} (open_clip's model config)")
         text_cfg = model_cfg.get("text_cfg")
         if not isinstance(text_cfg, dict):
             raise UsageError(f"{f}: no text tower (model_cfg.text_cfg); {pair}")
@@ -277,10 +276,7 @@ def open_pair(source: str | Path) -> tuple[Path, str]:
         return p, "open_clip"
     if is_hf_folder(p):
         f = p / HF_CONFIG
-        try:
-            cfg = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise VitdeployError(f"{f}: cannot read it ({type(e).__name__})") from None
+        cfg = Fields(f, load_json(f)).obj
         what = ", ".join(cfg.get("architectures") or []) or cfg.get("architecture") or cfg.get("model_type") or "a model"
         if not isinstance(cfg.get("text_config"), dict):
             raise UsageError(f"{p}: {what} has no text tower (text_config); {pair}")
@@ -300,7 +296,7 @@ def open_pair(source: str | Path) -> tuple[Path, str]:
 def text_tower(folder: Path, kind: str) -> TextTower:
     if kind == "open_clip":
         return OpenClipTextTower(folder)
-    mtype = str(json.loads((folder / HF_CONFIG).read_text()).get("model_type"))
+    mtype = str(Fields(folder / HF_CONFIG, load_json(folder / HF_CONFIG)).obj.get("model_type"))
     return HFTextTower(folder, mtype)
 
 
