@@ -19,7 +19,7 @@ import torch
 
 from vitdeploy.core.artifact import read_manifest
 from vitdeploy.core.errors import UsageError, VitdeployError
-from vitdeploy.core.limits import RANGES, bounds
+from vitdeploy.core.limits import RANGES
 from vitdeploy.core.loaded import SourceReads
 from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest
 from vitdeploy.core.schema import Fields, load_json
@@ -165,16 +165,6 @@ def _hf_preprocess(folder: Path, image_size: tuple[int, int]) -> dict[str, Any]:
     }
 
 
-def _check_input_size(d: Path, size: tuple[int, int]) -> None:
-    """The processor's input size within core/limits.py's ``image_size`` range, before position embeddings are
-    resampled to it (a processor ``size`` of 48000 took 5 GB, then died in the allocator)."""
-    b = bounds("image_size")
-    if not all(b["min"] <= v <= b["max"] for v in size):
-        f = d / HF_PREPROCESSOR if (d / HF_PREPROCESSOR).is_file() else d / HF_PROCESSOR
-        raise VitdeployError(f"{f}: size/crop_size make {size[0]}x{size[1]} inputs; each side must be from {b['min']} "
-                             f"to {b['max']} pixels: fix the processor config")
-
-
 def hf_labels(cfg_json: dict[str, Any], config_path: Path, n_cls: int) -> list[str]:
     """config.json's ``id2label`` as the head's class names: an object whose keys are exactly "0" .. "n-1" and whose
     values are strings, one per class (a backbone's head of 0 classes keeps transformers' default names unread).
@@ -223,7 +213,6 @@ def load_hf_folder(folder: str | Path, labels: str | Path | None = None) -> Chec
     n_cls = int(fields["num_classes"])
     pp = _hf_preprocess(d, fields["image_size"])
     size = (int(pp["input_size"][0]), int(pp["input_size"][1]))
-    _check_input_size(d, size)
     if size != fields["image_size"]:
         # The processor makes inputs of another size than the position embeddings were made for (DINOv2: config 518,
         # crop 224): transformers interpolates them at run time; vitdeploy does it once, the same way, at import.
