@@ -82,6 +82,7 @@ def test_openvino_runs_the_int8_kernels_of_the_isa_it_is_given(digits_int8: Path
         assert [k for k in int8 if "avx512" in k or "amx" in k or "vnni" in k], kinds
 
 
+@pytest.mark.slow  # a second pytest, rebuilding its artifacts: 385 s on 2 cores at load 10, most of it fixture setup
 def test_the_openvino_int8_tests_hold_under_a_lowered_isa(tmp_path: Path) -> None:
     """LOWERED_TESTS, in a child pytest with ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN reads it once per process, so not in
     this one): on a VNNI CPU they run the AVX2 kernel path and take their no-VNNI branches. On a CPU without VNNI that
