@@ -7,8 +7,8 @@ entry, and several processes (pytest-xdist workers, the background maker below) 
 
     python tests/artifact_cache.py    # make every entry now (conftest starts this in the background under xdist)
 
-Why a background maker: on a fresh clone the checkpoint takes the longest of anything in the suite to make (6
-epochs of training, about 20 CPU-seconds). Started by the xdist controller at session start, it trains while the
+Why a background maker: on a fresh clone the checkpoint takes the longest of anything in the suite to make (20
+epochs of training, about 70 CPU-seconds). Started by the xdist controller at session start, it trains while the
 workers run the tests that need no artifact, and a worker that needs it sooner waits on the lock, leaving its core
 to the maker. It trains on one thread: beside two busy workers on two cores, a second torch thread mostly spins
 (measured with the earlier 12-epoch recipe: 60 CPU-seconds for the four entries on two threads, 41 for the checkpoint
@@ -19,24 +19,29 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CALIB = REPO / "calibration"  # the repository's default calibration images (digits scans)
 CACHE_ROOT = Path(os.environ.get("VITDEPLOY_TEST_CACHE", REPO / ".cache" / "test-artifacts"))
-# The shared digits checkpoint: what `vitdeploy train`'s code makes of the embedded set in 6 epochs at batch 32 with a
-# 1-epoch warm-up: few enough epochs to be quick, enough for the accuracy tests (fp32/int8/fp16 agreement, guard
-# budgets) to measure a trained model. Measured (seed 0, one thread): 12 epochs at the default batch 64 and 3-epoch
-# warm-up, the earlier recipe, gave 61.39% val top-1 in 44.9 CPU-s; this one gives 66.94% in 20.5 CPU-s (twice the
-# optimizer steps per epoch); 8 epochs at batch 64 gave 48.6% and failed the INT8 agreement test.
+# The shared digits checkpoint: what `vitdeploy train`'s code makes of the embedded set in 20 epochs at batch 32 with a
+# 1-epoch warm-up. The accuracy tests (fp32/int8/fp16 agreement, ours vs NNCF's INT8, guard budgets) compare models
+# that answer like it: on a weak model near-tied logits flip with any INT8 kernel, so the comparisons mean nothing
+# (issue 37: at 66.94% top-1, NNCF's INT8 scored 2 images above FP32 on a VNNI CPU). So it must reach DIGITS_MIN_TOP1,
+# checked where it is built (ckpt_entry). Measured (seed 0, one thread, digits val, 360 images): 6 epochs 66.94% in
+# 20.5 CPU-s (the earlier recipe); 15 epochs 93.61%; 12 epochs at batch 16 83.06%; 20 epochs 98.06% (best epoch 15,
+# >= 95% from epoch 14 on), 189 CPU-s on a machine at load 10 on 2 cores (about 68 CPU-s alone, by the 6-epoch rate).
 # One thread: float sums split over threads round differently, so the same seed on 1 or 2 threads trains two different
 # models; the suite must measure the same model whether the background maker, an xdist worker or a single process
 # trains it.
-DIGITS_TRAIN = {"epochs": 6, "batch_size": 32, "warmup_epochs": 1.0, "seed": 0, "threads": 1}
+DIGITS_TRAIN = {"epochs": 20, "batch_size": 32, "warmup_epochs": 1.0, "seed": 0, "threads": 1}
+DIGITS_MIN_TOP1 = 0.95  # val top-1 the cached digits ViT must reach (issue 37)
 KEEP_ENTRIES = 4  # cached entries kept per kind (ckpt, fp32, fp16, int8)
 # The shared INT8 artifact: calibrate's defaults on the repository's calibration/ folder.
 INT8_OPTIONS: dict[str, object] = {}
@@ -109,12 +114,22 @@ def ckpt_entry() -> Path:
         from vitdeploy.model.train import TrainOptions, train
 
         threads = torch.get_num_threads()  # train sets torch's thread count; the rest of the session keeps its own
+        start = time.process_time()
         try:
-            train(None, TrainOptions(out=folder / "ckpt.pth", **DIGITS_TRAIN))  # type: ignore[arg-type]
+            res = train(None, TrainOptions(out=folder / "ckpt.pth", **DIGITS_TRAIN))  # type: ignore[arg-type]
         finally:
             torch.set_num_threads(threads)
+        (folder / "trained.json").write_text(json.dumps({
+            "val_top1": res.best_val_accuracy, "best_epoch": res.best_epoch, "cpu_seconds": time.process_time() - start,
+            "recipe": DIGITS_TRAIN}))
 
-    return cached_folder(digits_key(), make)
+    folder = cached_folder(digits_key(), make)
+    trained = json.loads((folder / "trained.json").read_text())
+    if trained["val_top1"] < DIGITS_MIN_TOP1:  # the suite's accuracy comparisons would compare near-ties: say so
+        raise AssertionError(f"the cached digits ViT ({folder}) reached {trained['val_top1']:.2%} val top-1 with "
+                             f"{DIGITS_TRAIN}, under the {DIGITS_MIN_TOP1:.0%} the accuracy tests need: train longer "
+                             "(DIGITS_TRAIN in tests/artifact_cache.py)")
+    return folder
 
 
 def fp32_entry() -> Path:

@@ -44,6 +44,17 @@ def ort_run(path: Path, x: np.ndarray) -> np.ndarray:
     return np.asarray(s.run(None, {s.get_inputs()[0].name: x})[0], np.float32)
 
 
+def paired_margin(a: np.ndarray, b: np.ndarray) -> float:
+    """The margin, in images, within which two paired success counts (``a``, ``b``: per image, did each model get it
+    right, or agree with FP32) are a tie: two standard errors of their difference (McNemar), 2·sqrt(d), d the images on
+    which exactly one of the two succeeds. Two INT8 models of one FP32 model differ on a handful of images, and which
+    of those each gets right moves with the CPU's INT8 kernels (oneDNN and MLAS run VNNI/AMX, AVX-512 and AVX2 paths
+    that round differently): on a VNNI CPU NNCF's INT8 scored 2 images above FP32 while ours scored 1 below, 3 images
+    (0.83 pt of 360) apart. A difference within this margin is noise, not a ranking; assert ``a.sum() >= b.sum() -
+    paired_margin(a, b)`` for "a is not significantly worse than b"."""
+    return 2.0 * float(np.sqrt(np.count_nonzero(np.asarray(a) != np.asarray(b))))
+
+
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     """Largest absolute difference relative to the largest magnitude of the reference ``b``."""
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))

@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import pytest
 from families import FAMILIES, small_export
+from helpers import paired_margin
 from typer.testing import CliRunner
 
 from vitdeploy.cli import app
@@ -72,27 +73,18 @@ def digits(tmp_path_factory: pytest.TempPathFactory, digits_onnx: Path, digits_f
             "nncf_onnx_model": nncf_onnx, "ev": ev, "ref": _ov_logits(fp32, ev.x), "art": art}
 
 
-def _paired_margin(a: np.ndarray, b: np.ndarray) -> float:
-    """Two standard errors of the difference of two paired success counts (McNemar): 2·sqrt(d), d the images on
-    which exactly one of the two succeeds. Two INT8 models of one FP32 model differ on a handful of images, and which
-    of those each gets right moves with the CPU's INT8 kernels (oneDNN runs VNNI, AVX-512 and AVX2 paths that round
-    differently): on a VNNI CPU NNCF's INT8 scored 2 images above FP32 while ours scored 1 below, 3 images (0.83 pt of
-    360) apart. A difference within this margin is noise, not a ranking."""
-    return 2.0 * float(np.sqrt(np.count_nonzero(a != b)))
-
-
 def test_our_cpu_int8_of_the_digits_vit_is_as_accurate_on_openvino_as_nncfs_own(digits: dict[str, Any]) -> None:
     """Unguarded, on the 360 val images, every model on OpenVINO against OpenVINO FP32: our -t cpu INT8 is not
     significantly less accurate than NNCF's INT8 (model_type TRANSFORMER, its defaults) on either of NNCF's paths,
     nor does it agree with FP32 significantly less often. "Significantly": by more than the paired margin of
-    _paired_margin, counted in images (the figures are printed; docs/cpu-backends.md has the measured ones)."""
+    paired_margin, counted in images (the figures are printed; docs/cpu-backends.md has the measured ones)."""
     ev, ref = digits["ev"], digits["ref"]
     ours = _ov_logits(digits["ours"].path, ev.x)
     ours_right, ours_agree = ours.argmax(1) == ev.y, ours.argmax(1) == ref.argmax(1)
     for path in ("nncf_ov", "nncf_onnx"):
         theirs = _ov_logits(digits[path], ev.x)
         right, agree = theirs.argmax(1) == ev.y, theirs.argmax(1) == ref.argmax(1)
-        m_right, m_agree = _paired_margin(ours_right, right), _paired_margin(ours_agree, agree)
+        m_right, m_agree = paired_margin(ours_right, right), paired_margin(ours_agree, agree)
         print(f"digits val on OpenVINO ({len(ev.y)} images): correct ours {ours_right.sum()} / NNCF ({path}) "
               f"{right.sum()} (margin {m_right:.1f}); agreeing with FP32 ours {ours_agree.sum()} / NNCF "
               f"{agree.sum()} (margin {m_agree:.1f}); FP32 correct {(ref.argmax(1) == ev.y).sum()}")

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 import pytest
 from families import FAMILIES, export_in_memory, knobs, scaled_residual
-from helpers import with_spread
+from helpers import paired_margin, with_spread
 
 REPO = Path(__file__).resolve().parents[1]
 CALIB = REPO / "calibration"
@@ -129,12 +129,12 @@ def test_smooth_auto_takes_back_a_wide_layernorm_channel_spread_on_the_trt10_ora
         err[how] = float(np.nan_to_num(np.abs(got - logits(onnx.load(str(m["model"])), ev.x)), nan=1e9).mean())
         if how == "auto":
             assert q.manifest.extra["quantization"]["smoothing"]["applied"]
-    # Agreement is compared with a paired margin, 2·sqrt(images on which exactly one of the two agrees) (McNemar):
+    # Agreement is compared with a paired margin (helpers.paired_margin, McNemar: 2·sqrt(images on which one agrees)):
     # the family models are trained here, on this CPU's float kernels, and a weakly trained one (the MAP head reaches
     # ~16% top-1 in the cache's few epochs) has near-tied logits whose argmax flips with either INT8; the claim that
     # does not move with the model is the logit error, which smoothing must cut: by half where the family trains to a
     # real classifier, by a quarter at least for the MAP head's near-collapsed one (0.0082 -> 0.0051 measured).
-    margin = 2.0 * float(np.sqrt(np.count_nonzero(agree["off"] != agree["auto"])))
+    margin = paired_margin(agree["auto"], agree["off"])
     print(f"{name} {K:g}x spread INT8 trt10 oracle vs FP32 ({len(ref)} images): smooth off agreement "
           f"{agree['off'].mean():.4f} mean|dlogit| {err['off']:.3g}; auto {agree['auto'].mean():.4f} {err['auto']:.3g}; "
           f"margin {margin:.1f} images")

@@ -273,17 +273,22 @@ def test_guard_excludes_sensitive_layers_until_the_budget_fits(
         shutil.copy(f, one / f.name)
     loose = calibrate(work / "model.onnx", one, tmp_path / "loose.int8.onnx", batch_size=16, method="minmax",
                       quantize_attention=True, eval_dir=digits_folder)
-    drop0 = loose.figures["drop_points"]
-    # The poor calibration loses images on every CPU measured (AVX2: over 0.5 points; AVX-512 VNNI, whose INT8 kernels
-    # round otherwise: 0.28, one image of 360), so the budget is set below what it lost: at least one image better.
-    assert drop0 > 0, loose.figures
-    budget = max(0.0, round(drop0 - 100.0 / loose.figures["images"], 4))
+    drop0, agree0, n = loose.figures["drop_points"], loose.figures["agreement"], loose.figures["images"]
+    # The poor calibration moves answers away from FP32's on every CPU measured, but its top-1 drop is no measure of
+    # that: INT8 flips near-ties both ways, and which way moves with the CPU's INT8 kernels and the model (AVX2: over
+    # 0.5 points; AVX-512 VNNI on the 67% model: 0.28, one image of 360; the same VNNI CPU on the 98% model: -0.28, one
+    # image gained). Its agreement with FP32 is the figure it always costs, so the guard is given an agreement budget
+    # one image above what the all-INT8 model reached, and must keep layers in float to meet it.
+    assert agree0 < 1.0, loose.figures
+    budget = min(1.0, round(agree0 + 1.0 / n, 6))
     calls.update(quantize_weight=0, insert_qdq=0)
     res = calibrate(work / "model.onnx", one, tmp_path / "guarded.int8.onnx", batch_size=16, method="minmax",
-                    quantize_attention=True, eval_dir=digits_folder, max_drop=budget)
-    assert res.excluded and res.figures["drop_points"] <= budget
+                    quantize_attention=True, eval_dir=digits_folder, min_agreement=budget)
+    print(f"poor calibration on {n} images: all-INT8 drop {drop0} pt, agreement {agree0}; guarded at agreement >= "
+          f"{budget}: {res.figures['agreement']} with {len(res.excluded)} layer(s) in float")
+    assert res.excluded and res.figures["agreement"] >= budget - 1e-9
     g = read_onnx_manifest(res.path).extra["guard"]
-    assert g["met"] and g["excluded"] == res.excluded and g["before"]["drop_points"] == drop0
+    assert g["met"] and g["excluded"] == res.excluded and g["before"]["agreement"] == agree0
     assert len(g["sensitivity"]) == len(res.quantized) + len(res.excluded)
     layers = quantize.find_layers(onnx.load(str(work / "model.onnx")))
     weighted = [la for la in layers if la.weight is not None]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from helpers import with_spread
+from helpers import paired_margin, with_spread
 
 from vitdeploy.graph.smooth import factors, sites, smooth
 from vitdeploy.stages.precision import site_channel_max as channel_max
@@ -90,16 +90,22 @@ def test_int8_of_the_50x_spread_model_agrees_better_with_fp32_after_smoothing(wo
                                 ("spread.auto", "spread", "auto")):
         q = calibrate(work / f"{src_name}.onnx", CALIB, work / f"{name}.int8.onnx", num_images=128, smooth=how)
         got = _logits(q.path, ev.x)
-        figures[name] = ((got.argmax(1) == ref.argmax(1)).mean(), float(np.abs(got - ref).mean()))
+        figures[name] = (got.argmax(1) == ref.argmax(1), float(np.abs(got - ref).mean()))
         if how == "auto":  # calibrate's own choice: the spread is over numerics' limit, so it smooths at 0.5
             rec = q.manifest.extra["quantization"]["smoothing"]
             assert rec["applied"] and rec["max_spread"] > 16 and rec["alpha"] == 0.5
     (agree_spread, err_spread), (agree_smooth, err_smooth) = figures["spread"], figures["spread.smoothed"]
-    print(f"INT8 vs FP32 on {len(ev.y)} images: 50x spread agreement {agree_spread:.4f} mean|dlogit| {err_spread:.4g}; "
-          f"smoothed (alpha 0.5) agreement {agree_smooth:.4f} mean|dlogit| {err_smooth:.4g}")
-    assert agree_smooth >= agree_spread and err_smooth < err_spread / 2
     agree_auto, err_auto = figures["spread.auto"]
-    assert agree_auto >= agree_spread and err_auto < err_spread / 2
+    # Agreement is a count of images that moves with the CPU's INT8 kernels (ONNX Runtime's MLAS runs VNNI/AMX or
+    # AVX2 GEMMs that round otherwise): smoothing must not make it significantly worse, within the paired margin
+    # (helpers.paired_margin: 2·sqrt(images on which exactly one of the two agrees)). The logit error is the claim
+    # that does not move with the CPU: smoothing halves it.
+    m_smooth, m_auto = paired_margin(agree_smooth, agree_spread), paired_margin(agree_auto, agree_spread)
+    print(f"INT8 vs FP32 on {len(ev.y)} images: 50x spread agreement {agree_spread.mean():.4f} mean|dlogit| "
+          f"{err_spread:.4g}; smoothed (alpha 0.5) agreement {agree_smooth.mean():.4f} mean|dlogit| {err_smooth:.4g} "
+          f"(margin {m_smooth:.1f} images); auto {agree_auto.mean():.4f} {err_auto:.4g} (margin {m_auto:.1f})")
+    assert agree_smooth.sum() >= agree_spread.sum() - m_smooth and err_smooth < err_spread / 2
+    assert agree_auto.sum() >= agree_spread.sum() - m_auto and err_auto < err_spread / 2
 
 
 def test_numerics_flags_the_spread_for_int8_and_smoothing_clears_it(work: Path) -> None:

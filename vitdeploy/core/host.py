@@ -16,9 +16,24 @@ def available_cores() -> int:
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
+# oneDNN's ISA ceilings (ONEDNN_MAX_CPU_ISA, or its older name DNNL_MAX_CPU_ISA) below any int8 dot product: set to
+# one of these, OpenVINO's CPU plugin (oneDNN inside) runs the AVX2 int8 kernels even on a VNNI CPU, and saturates as
+# there (docs/cpu-backends.md, "Lowered ISA"). Every other value (AVX2_VNNI, AVX512_CORE_VNNI, ..., DEFAULT) keeps one.
+ONEDNN_ISAS_WITHOUT_INT8_DOT = ("SSE41", "AVX", "AVX2", "AVX512_CORE")
+
+
+def onednn_isa_without_int8_dot() -> bool:
+    """Whether this process lowered oneDNN's ISA below VNNI by its environment (ONNX Runtime's MLAS has no such
+    switch: it reads CPUID alone)."""
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    return isa.strip().upper() in ONEDNN_ISAS_WITHOUT_INT8_DOT
+
+
 def cpu_int8_dot_exact(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this x86 CPU has an int8 dot product without int16 saturation (True where /proc/cpuinfo is absent:
-    no x86 Linux, nothing known)."""
+    """Whether OpenVINO has an int8 dot product without int16 saturation on this x86 CPU: the CPU's flags say so
+    (True where /proc/cpuinfo is absent: no x86 Linux, nothing known) and oneDNN's ISA was not lowered below it."""
+    if onednn_isa_without_int8_dot():
+        return False
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as f:
             text = f.read(1 << 20)

@@ -315,8 +315,15 @@ CPU_TARGETS = ("cpu", "ort", "openvino")  # vitdeploy's CPU targets (ort: cpu's 
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # as vitdeploy/core/host.py: this file runs without vitdeploy
 
 
+ONEDNN_ISAS_WITHOUT_INT8_DOT = ("SSE41", "AVX", "AVX2", "AVX512_CORE")  # as vitdeploy/core/host.py
+
+
 def cpu_int8_dot_exact(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this x86 CPU has an int8 dot product without int16 saturation (True where nothing says otherwise)."""
+    """Whether OpenVINO has an int8 dot product without int16 saturation on this x86 CPU (True where nothing says
+    otherwise): the CPU's flags have one, and ONEDNN_MAX_CPU_ISA (oneDNN, inside OpenVINO) was not set below it."""
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    if isa.strip().upper() in ONEDNN_ISAS_WITHOUT_INT8_DOT:
+        return False
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as f:
             text = f.read(1 << 20)
