@@ -9,9 +9,16 @@
         # the probes k with k % 3 == 0, on a trained digits checkpoint (not one trained here), in a scratch folder
         # made once in DIR for all the shards (tests/test_probe.py: one test per shard, spread by pytest-xdist)
 
-Each probe runs `python -m vitdeploy ...` in its own process in a scratch folder of real files (a digits
-checkpoint trained for one epoch, its ONNX export, real digit images, a broken and a decompression-bomb PNG) and
-prints a row: command | input | exit | last line | traceback? | files changed. The promises checked:
+Each probe runs `python -m vitdeploy ...` (or a bundle's run.py) in its own process in a scratch folder of real files
+(a digits checkpoint trained for one epoch, its ONNX export, real digit images, a broken and a decompression-bomb PNG;
+for issue 37 a small Hugging Face ViT saved by transformers' save_pretrained and a timm ViT saved by save_for_hf, which
+each hostile-folder probe copies and edits one field of, and a -t cpu bundle of the checkpoint) and prints a row:
+command | input | exit | last line | traceback? | files changed. What is probed: every command's options and
+outputs; unreadable, special (FIFO, device) and NaN inputs; issue 31's labels, lineage and device side; issue 37's
+import surface (config.json fields zero, strings, null, lists, Infinity, 100000 deep; preprocessor sizes; id2label;
+shard indexes naming files outside the folder; an output inside the input folder; --labels /dev/zero and a FIFO;
+--image-size 10^30), bundle's checks before work, and run.py's reads (a FIFO image, a deep manifest.json, --batch
+10^9). The promises checked:
 - the documented exit code (0 done, 1 failed, 2 usage, 3 partly done);
 - a failure is one line on stderr, without a traceback;
 - nothing is written or changed outside the probe's own output (and never outside the scratch folder: the
@@ -55,6 +62,13 @@ class Probe:
     signal_after: tuple[int, float] | None = None  # (signal, seconds after the workers started): Ctrl-C, a kill
     hook: str | None = None  # HOOKS: another program acting while the command runs (issue 31: a source replaced)
     others: list[str] = field(default_factory=list)  # paths that other program changes (not the command's doing)
+    program: str | None = None  # a script in the scratch folder run instead of `-m vitdeploy` (a bundle's run.py)
+    memory_gib: float | None = None  # an address-space limit (RLIMIT_AS): an input read without a bound fails
+    # there (MemoryError, a broken promise) instead of filling the machine's memory
+
+    @property
+    def command(self) -> str:
+        return Path(self.program).name if self.program else self.args[0]
 
 
 def probes() -> list[Probe]:
@@ -396,6 +410,7 @@ def make_scratch(root: Path, code: Path, ckpt: Path | None = None, onnx: Path | 
     bomb = bomb.resize((16000, 12000))
     bomb.save(root / "mixed" / "bomb.png")
     shutil.rmtree(root / "digits")
+    make_scratch_issue37(root, env)
 
 
 NAN_MODEL = """
@@ -439,6 +454,7 @@ def restore(root: Path) -> None:
 
 def prepare(root: Path, what: str | None) -> None:
     prepare_issue31(root, what)
+    prepare_issue37(root, what)
     if what == "adir":
         (root / "adir").mkdir(exist_ok=True)
     elif what == "link":
@@ -487,7 +503,8 @@ def teardown(root: Path, what: str | None) -> None:
     """Undo what ``prepare`` made that a snapshot or restore cannot copy (a FIFO, a device, a mount)."""
     if what and what.startswith("full:"):  # the empty mount point stays: it was there before the run
         subprocess.run(["umount", str(root / "full")], check=False)
-    special = {"fifo": "fifo.json", "chardev": "null", "fdlink": "stdout.json"}
+    special = {"fifo": "fifo.json", "chardev": "null", "fdlink": "stdout.json", "labelfifo": "labels.fifo",
+               "imgfifo": "fifo.png"}
     if what in special:
         (root / special[what]).unlink(missing_ok=True)
 
@@ -529,6 +546,11 @@ def _run(argv: list[str], root: Path, env: dict[str, str], p: Probe, timeout: fl
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         if p.umask is not None:
             os.umask(p.umask)
+        if p.memory_gib is not None:
+            import resource
+
+            limit = int(p.memory_gib * 2**30)
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     proc = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             errors="backslashreplace", preexec_fn=pre)
@@ -563,7 +585,7 @@ def run_probe(p: Probe, root: Path, code: Path, timeout: float) -> Row:
     before, top = snapshot(root), fs_root()
     args = [a.replace("{w}", str(root)) for a in p.args]
     env = {**os.environ, "PYTHONPATH": str(code), "COLUMNS": "200"}
-    cmd = ["-c", HOOKS[p.hook]] if p.hook else ["-m", "vitdeploy"]
+    cmd = ["-c", HOOKS[p.hook]] if p.hook else [str(root / p.program)] if p.program else ["-m", "vitdeploy"]
     r, took = _run([sys.executable, *cmd, *args], root, env, p, p.timeout or timeout)
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
     try:
@@ -699,6 +721,202 @@ CHECKS.update({
 })
 
 
+# ------------------------------------------------------------------ issue 37 (h4): the import surface, bundle, run.py
+# Hostile Hugging Face and timm folders, each a copy of a small real one (transformers' save_pretrained, timm's
+# save_for_hf, made once in the scratch folder) with one field edited; options naming special files; bundle's checks
+# before work over an earlier -t cpu bundle; run.py's reads. The documented codes: a foreign file's bad field 1 (one
+# line naming the file and the field), an option's bad value or an output inside the input folder 2, run.py's usage 2.
+
+FOREIGN = r"""
+import sys
+from pathlib import Path
+import timm, torch
+from timm.models import _hub
+from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+r = Path(sys.argv[1])
+torch.manual_seed(0)
+cfg = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=32,
+                patch_size=8, num_labels=3, id2label={0: "a", 1: "b", 2: "c"}, label2id={"a": 0, "b": 1, "c": 2})
+ViTForImageClassification(cfg).eval().save_pretrained(r / "hfvit")
+ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(r / "hfvit")
+args = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2}
+m = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=3, weight_init="skip", **args).eval()
+_hub.save_for_hf(m, r / "timmvit", safe_serialization=True, model_args=args)
+_hub.save_for_hf(m, r / "timmbin", safe_serialization=False, model_args=args)  # pytorch_model.bin
+"""
+
+
+def make_scratch_issue37(root: Path, env: dict[str, str]) -> None:
+    """h37/hfvit and h37/timmvit (h37/timmbin: its weights as pytorch_model.bin), each setup's hostile copy made from
+    them; cpub/: a digits checkpoint bundled for -t cpu (FP32 and FP16, so no calibration) into cpub/b, its
+    model.onnx and model.fp16.onnx beside the checkpoint, where a later bundle of it would replace them."""
+    (root / "h37").mkdir()
+    subprocess.run([sys.executable, "-c", FOREIGN, str(root / "h37")], check=True, env=env, capture_output=True,
+                   timeout=600)
+    (root / "cpub").mkdir()
+    shutil.copyfile(root / "ckpt.pth", root / "cpub" / "ckpt.pth")
+    subprocess.run([sys.executable, "-m", "vitdeploy", "bundle", "ckpt.pth", "-t", "cpu", "--fp16", "-o", "b",
+                    "--references", "2", "-i", str(root / "img")], cwd=root / "cpub", check=True, env=env,
+                   capture_output=True, timeout=600)
+
+
+def _config(folder: Path, name: str = "config.json") -> tuple[Path, object]:
+    path = folder / name
+    return path, json.loads(path.read_text())
+
+
+def _set(*keys: str, value: object, name: str = "config.json") -> Callable[[Path], None]:
+    """An edit: the field at ``keys`` of the folder's ``name`` set to ``value`` (NaN and Infinity as JSON's tokens)."""
+    def edit(folder: Path) -> None:
+        path, doc = _config(folder, name)
+        node = doc
+        for k in keys[:-1]:
+            node = node[k]  # type: ignore[index]
+        node[keys[-1]] = value  # type: ignore[index]
+        path.write_text(json.dumps(doc))
+    return edit
+
+
+def _whole(text: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        (folder / "config.json").write_text(text)
+    return edit
+
+
+def _sharded(where: str) -> Callable[[Path], None]:
+    """model.safetensors moved out of the folder, named by a model.safetensors.index.json: ``where`` is "outside"
+    (../), "absolute", "int" (weight_map values that are numbers) or "list" (weight_map a list)."""
+    def edit(folder: Path) -> None:
+        weights = folder / "model.safetensors"
+        raw = weights.read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        keys = [k for k in json.loads(raw[8 : 8 + n]) if k != "__metadata__"]
+        outside = folder.parent / f"{folder.name}.outside.safetensors"
+        weights.rename(outside)
+        target: object = {"outside": f"../{outside.name}", "absolute": str(outside), "int": 1}.get(where)
+        weight_map: object = [f"../{outside.name}"] if where == "list" else {k: target for k in keys}
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return edit
+
+
+DEEP = '{"model_type": "vit", "x": ' + "[" * 100000 + "]" * 100000 + "}"
+
+# setup "h37:NAME": a copy of h37/BASE as h37/NAME with EDIT applied (the hostile field, in words, is the probe's)
+HOSTILE: dict[str, tuple[str, Callable[[Path], None]]] = {
+    "heads0": ("hfvit", _set("num_attention_heads", value=0)),
+    "heads-neg": ("hfvit", _set("num_attention_heads", value=-2)),
+    "heads-str": ("hfvit", _set("num_attention_heads", value="two")),
+    "size-str": ("hfvit", _set("image_size", value="big")),
+    "size-null": ("hfvit", _set("image_size", value=None)),
+    "size-0": ("hfvit", _set("image_size", value=0)),
+    "size-huge": ("hfvit", _set("image_size", value=10**6)),
+    "chans-str": ("hfvit", _set("num_channels", value="three")),
+    "eps-nan": ("hfvit", _set("layer_norm_eps", value=float("nan"))),
+    "eps-neg": ("hfvit", _set("layer_norm_eps", value=-1e-6)),
+    "hidden-inf": ("hfvit", _set("hidden_size", value=float("inf"))),
+    "cfg-list": ("hfvit", _whole("[1, 2, 3]")),
+    "cfg-deep": ("hfvit", _whole(DEEP)),
+    "id2label-list": ("hfvit", _set("id2label", value=[{"0": "a"}, {"1": "b"}, {"2": "c"}])),
+    "id2label-gaps": ("hfvit", _set("id2label", value={"0": "a", "2": "b", "7": "c"})),
+    "pp-size0": ("hfvit", _set("size", value={"height": 0, "width": 0}, name="preprocessor_config.json")),
+    "pp-mean2": ("hfvit", _set("image_mean", value=[0.5, 0.5], name="preprocessor_config.json")),
+    "pp-rescale0": ("hfvit", _set("rescale_factor", value=0, name="preprocessor_config.json")),
+    "shard-outside": ("hfvit", _sharded("outside")),
+    "shard-absolute": ("hfvit", _sharded("absolute")),
+    "shard-int": ("hfvit", _sharded("int")),
+    "shard-list": ("hfvit", _sharded("list")),
+    "t-heads0": ("timmvit", _set("model_args", "num_heads", value=0)),
+    "t-patch0": ("timmvit", _set("model_args", "patch_size", value=0)),
+    "t-input-str": ("timmvit", _set("pretrained_cfg", "input_size", value="x")),
+    "t-input-2": ("timmvit", _set("pretrained_cfg", "input_size", value=[32, 32])),
+    "t-crop": ("timmvit", _set("pretrained_cfg", "crop_pct", value=1e-4)),
+    "t-labels-str": ("timmvit", _set("label_names", value="abc")),
+    "t-labels-count": ("timmvit", _set("label_names", value=["a", "b"])),
+}
+
+
+# in the fast set (CI): one folder per kind the issue names (a field zero, a string, null; a JSON list; deep nesting; a
+# preprocessor size 0; id2label gaps; a shard outside the folder); each costs an import (a few CPU-s), so the other
+# variants of the same mechanism run in the full set only
+FAST_HOSTILE = {"heads0", "size-str", "size-null", "cfg-list", "cfg-deep", "pp-size0", "id2label-gaps", "shard-outside"}
+
+
+def _no_raw_exception(p: subprocess.CompletedProcess[str]) -> str | None:
+    """The one line names the problem, not a Python exception ("error: ZeroDivisionError: integer modulo by zero")."""
+    import re
+
+    hit = re.search(r"error: ([A-Z]\w*(Error|Exception))\b", p.stderr)
+    return f"a raw {hit.group(1)}" if hit else None
+
+
+CHECKS["no_raw_exception"] = lambda r, p, t: _no_raw_exception(p)
+
+
+def issue37_probes() -> list[Probe]:
+    P = Probe
+    hostile = {  # NAME: the bad input, in words
+        "heads0": "HF num_attention_heads 0", "heads-neg": "HF num_attention_heads -2",
+        "heads-str": "HF num_attention_heads a string", "size-str": "HF image_size a string",
+        "size-null": "HF image_size null", "size-0": "HF image_size 0", "size-huge": "HF image_size 10^6",
+        "chans-str": "HF num_channels a string", "eps-nan": "HF layer_norm_eps NaN",
+        "eps-neg": "HF layer_norm_eps negative", "hidden-inf": "HF hidden_size Infinity",
+        "cfg-list": "config.json a JSON list", "cfg-deep": "config.json nested 100000 deep",
+        "id2label-list": "id2label a list of dicts", "id2label-gaps": "id2label with gaps (0, 2, 7)",
+        "pp-size0": "preprocessor size 0x0", "pp-mean2": "preprocessor image_mean of 2 values",
+        "pp-rescale0": "preprocessor rescale_factor 0", "shard-outside": "shard weight_map ../ outside the folder",
+        "shard-absolute": "shard weight_map an absolute path", "shard-int": "shard weight_map values numbers",
+        "shard-list": "shard weight_map a list", "t-heads0": "timm model_args.num_heads 0",
+        "t-patch0": "timm model_args.patch_size 0", "t-input-str": "timm pretrained_cfg.input_size a string",
+        "t-input-2": "timm input_size of length 2", "t-crop": "timm crop_pct 1e-4",
+        "t-labels-str": "timm label_names a string", "t-labels-count": "timm label_names of the wrong count",
+    }
+    assert set(hostile) == set(HOSTILE)
+    big = "1" + "0" * 30
+    return [
+        *(P(["import", f"h37/{name}", "-o", "o.pth"], 1, what, setup=f"h37:{name}", timeout=120, check="no_raw_exception",
+            slow=name not in FAST_HOSTILE) for name, what in hostile.items()),
+        # options and outputs of import (P5, P6): exit 2 before the weights are read
+        P(["import", "h37/timmbin", "-o", "h37/timmbin/model.safetensors"], 2,
+          "-o a weights name inside the input folder"),
+        P(["import", "h37/hfvit", "-o", "x.onnx"], 2, "-o a checkpoint under an .onnx name"),
+        P(["import", "h37/timmvit", "--labels", "/dev/zero", "-o", "o.pth"], 2, "--labels /dev/zero", timeout=60, check="no_raw_exception",
+          memory_gib=6),
+        P(["import", "h37/timmvit", "--labels", "labels.fifo", "-o", "o.pth"], 2, "--labels a FIFO",
+          setup="labelfifo", timeout=60, check="no_raw_exception"),
+        P(["import", "h37/hfvit", "--image-size", big, "-o", "o.pth"], 2, "--image-size 10^30", timeout=60, check="no_raw_exception",
+          memory_gib=6),
+        # bundle checks every option before the first artifact is touched (P8): the -t cpu bundle's files stay
+        P(["bundle", "cpub/ckpt.pth", "-t", "trt8.6", "--min-batch", "8", "--max-batch", "2", "-o", "cpub/b2"], 2,
+          "--min-batch 8 --max-batch 2 after a -t cpu bundle", timeout=120, check="no_raw_exception"),
+        P(["bundle", "cpub/ckpt.pth", "-t", "trt10", "--quantizer", "nncf", "-o", "cpub/b2"], 2,
+          "--quantizer nncf -t trt10 after a -t cpu bundle", timeout=120, check="no_raw_exception"),
+        # run.py's reads (P5, P7): bounded, one line
+        P(["fifo.png"], 1, "run.py: a FIFO as the image", program="cpub/b/run.py", setup="imgfifo",
+          timeout=60, check="no_raw_exception"),
+        P(["--check"], 1, "run.py: manifest.json nested 100000 deep", program="cpub/nested/run.py",
+          setup="nested_manifest", timeout=60, check="no_raw_exception"),
+        P(["--check", "--batch", "1000000000"], 2, "run.py --batch 1000000000", program="cpub/b/run.py",
+          timeout=60, check="no_raw_exception", memory_gib=6),
+    ]
+
+
+def prepare_issue37(root: Path, what: str | None) -> None:
+    if what and what.startswith("h37:"):
+        name = what.split(":", 1)[1]
+        base, edit = HOSTILE[name]
+        dest = root / "h37" / name
+        if not dest.exists():
+            shutil.copytree(root / "h37" / base, dest)
+            edit(dest)
+    elif what == "labelfifo":
+        os.mkfifo(root / "labels.fifo")  # no writer: a reader that opens it waits for ever
+    elif what == "imgfifo":
+        os.mkfifo(root / "fifo.png")
+    elif what == "nested_manifest" and not (root / "cpub" / "nested").exists():
+        shutil.copytree(root / "cpub" / "b", root / "cpub" / "nested")
+        (root / "cpub" / "nested" / "manifest.json").write_text('{"bundle": ' + "[" * 100000 + "]" * 100000 + "}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fast", action="store_true", help="only the quick probes (CI)")
@@ -719,8 +937,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.device:
         return main_device(a.code.resolve(), a.keep)
-    chosen = [p for p in probes() + issue31_cli_probes() if not (a.fast and p.slow)
-              and (not a.only or any(t in f"{p.args[0]} {p.what}" for t in a.only))]
+    chosen = [p for p in probes() + issue31_cli_probes() + issue37_probes() if not (a.fast and p.slow)
+              and (not a.only or any(t in f"{p.command} {p.what}" for t in a.only))]
     if a.shard:
         i, n = a.shard
         chosen = [p for k, p in enumerate(chosen) if k % n == i]
@@ -743,7 +961,7 @@ def main(argv: list[str] | None = None) -> int:
     w = 44
     print(f"{'command | input':{w}} | exit | want | tb | files changed | last line")
     for r in rows:
-        cmd = f"{r.probe.args[0]} | {r.probe.what}"[:w]
+        cmd = f"{r.probe.command} | {r.probe.what}"[:w]
         mark = "" if not r.broken else "   <-- " + "; ".join(r.broken)
         print(f"{cmd:{w}} | {r.exit:4} | {r.probe.code:4} | {'yes' if r.traceback else 'no ':3} | "
               f"{', '.join(r.changed)[:30]:30} | {r.last}{mark}")

@@ -397,6 +397,9 @@ def test_bundle_on_zero_class_checkpoints_never_tracebacks(knobs: dict, tmp_path
                     Manifest(model=cfg.to_dict(), labels=[], preprocess=dict(p.preprocess), name="backbone"))
     r = vitdeploy_cli("bundle", "ckpt.pth", "-t", "cpu", "--fp16", "-o", "b", cwd=tmp_path)
     assert r.returncode == 0 and "Traceback" not in r.stderr + r.stdout, r.stdout + r.stderr
+    # a CPU bundle has no engine step: its closing line names run.py, not build_engine.sh (issue 37, P11)
+    (nxt,) = [ln for ln in r.stdout.splitlines() if ln.startswith("next, on the device:")]
+    assert "run.py --check" in nxt and "build_engine.sh" not in nxt and "no engine to build" in nxt, nxt
     task = task_from_model(cfg.to_dict())
     m = manifest(tmp_path / "b")
     assert m["task"]["dim"] == task.dim and m["task"]["pool"] == task.pool

@@ -361,6 +361,18 @@ def test_explain_compare_measures_how_closely_copies_follow(digits_ckpt: Path, d
     assert res.exit_code == 2
 
 
+def test_json_without_compare_is_refused_before_any_map_is_written(digits_ckpt: Path, digits_folder: Path,
+                                                                     tmp_path: Path) -> None:
+    """--json writes the --compare results only: without --compare it is a usage error, said before the work (issue
+    37, P11: it wrote every PNG, then exited 2)."""
+    img = sorted((digits_folder / "val" / "1").iterdir())[0]
+    out = tmp_path / "maps"
+    for js in ("-", str(tmp_path / "cmp.json")):
+        res = runner.invoke(app, ["explain", str(img), "--model", str(digits_ckpt), "-o", str(out), "--json", js])
+        assert res.exit_code == 2 and "--compare" in res.output, res.output
+        assert not out.exists() and not (tmp_path / "cmp.json").exists()
+
+
 def test_compare_maps_numbers(tmp_path: Path) -> None:
     from vitdeploy.tools.explain import ExplainResult, Explanation, compare_maps
 

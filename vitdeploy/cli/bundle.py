@@ -94,8 +94,12 @@ def bundle(
         _embedding_table(result, prepared)
     elif prepared is not None:
         _receipt(prepared, result)
-    console.print(f"next, on the device: cd {result.out} && ./build_engine.sh && python3 run.py --check", highlight=False,
-                  soft_wrap=True)
+    if result.matrix:
+        console.print(f"next, on the device: cd {result.out} && ./build_engine.sh && python3 run.py --check",
+                      highlight=False, soft_wrap=True)
+    else:  # made for a CPU target: no TensorRT line, so no engine to build (build_engine.sh would refuse)
+        console.print(f"next, on the device: cd {result.out} && python3 run.py --check (a CPU bundle: run.py runs the "
+                      "ONNX with OpenVINO or ONNX Runtime; there is no engine to build)", highlight=False, soft_wrap=True)
     if len(result.matrix) > 1:
         console.print("build_engine.sh finds the TensorRT version and builds the file made for it "
                       f"(see {result.out}/README.md; ./build_engine.sh --dry-run --trt 8.5 shows the line)",

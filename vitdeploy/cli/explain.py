@@ -47,6 +47,10 @@ def explain(
     from vitdeploy.core.fileio import check_output
 
     others = list(compare or [])
+    if json_out is not None and not others:  # before any map is written: --json has nothing to write without it
+        from vitdeploy.core.errors import UsageError
+
+        raise UsageError("--json writes the --compare results: pass --compare MODEL too")
     check_output(out_dir, [model, *images, *others], kind="dir")
     if json_out is not None:
         check_output(json_out, [model, *images, *others], option="--json")
@@ -94,10 +98,6 @@ def explain(
             doc = {"reference": str(model), "method": method, "head_fusion": head_fusion,
                    "discard_ratio": discard_ratio, "results": [r.to_dict() for r in rows]}
             write_text_atomic(json_out, json.dumps(doc, indent=2) + "\n")
-    elif json_out is not None:
-        from vitdeploy.core.errors import UsageError
-
-        raise UsageError("--json writes the --compare results: pass --compare MODEL too")
     if result.skipped:
         err_console.print(f"{len(result.skipped)} unreadable image(s) skipped")
         raise typer.Exit(EXIT_PARTIAL)

@@ -34,7 +34,7 @@ def calibrate(
     backend: str = typer.Option("auto", "--backend", help="With --eval: where the INT8 model is measured: auto (the TensorRT oracle for a TensorRT target, openvino for -t openvino, else onnxruntime), onnxruntime, openvino or oracle."),
     quantizer: str = typer.Option("vitdeploy", "--quantizer", help="Who places the Q/DQ: vitdeploy (ours, the default) or nncf "
                                   "(NNCF's transformer scheme, for -t cpu/openvino; pip install 'vitdeploy[cpu]'). The guard works on either."),
-    smooth: str = typer.Option("auto", "--smooth", help="SmoothQuant-style migration of wide LayerNorm channels into the next weights (exact in FP32): auto (strength 0.5 where a channel spread exceeds 16), off, or a strength 0-1."),
+    smooth: str = typer.Option("auto", "--smooth", help="SmoothQuant-style migration of wide LayerNorm channels into the next weights (exact in FP32): auto (strength 0.5 where a channel spread exceeds 16), off, or a strength 0-1. With --quantizer nncf: auto only (NNCF applies its own SmoothQuant)."),
 ) -> None:
     """Quantize an ONNX model to INT8 (explicit Q/DQ, the form TensorRT 8.5–11 builds) from calibration images.
 
@@ -78,7 +78,7 @@ def calibrate(
     q = result.manifest.extra["quantization"]
     ranges = f"ranges reused from {result.cache.name}" if result.cache_reused else f"ranges cached in {result.cache.name}"
     if q.get("quantizer") == "nncf":
-        ranges = f"NNCF {q.get('nncf')}'s transformer scheme"
+        ranges = f"NNCF {q.get('nncf')}'s transformer scheme, with its own SmoothQuant"
     console.print(
         f"INT8 ({q['method']}, {result.images} images, {len(result.quantized)} layers quantized, "
         f"unquantized parts {q['float_type']}; {ranges}) → {result.path}",

@@ -26,7 +26,15 @@ INSTALL = "pip install 'vitdeploy[cpu]' (or pip install nncf)"
 
 
 def import_nncf() -> Any:
-    """The nncf module, or one line saying how to install it."""
+    """The nncf module, or one line saying how to install it.
+
+    NNCF tells a model's backend apart by importing ``nncf.torch``, which imports ``torch.utils.cpp_extension``; on a
+    machine with a CUDA toolkit but no GPU that module logs "No CUDA runtime is found, using CUDA_HOME=..." at import,
+    a line about a GPU our CPU path never uses (issue 37, P11). Its logger is quieted to errors here, before that
+    import, for our process only: every NNCF path (calibrate --quantizer nncf, bundle, --versus nncf) comes here."""
+    import logging
+
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     try:
         import nncf
     except ImportError:

@@ -175,10 +175,26 @@ def _load_model(checkpoint: str | Path, arch: str | None, labels: str | Path | N
         manifest.extra["task"] = task.to_dict()
     model = ck.build()
     del ck  # the state dict is in the model now; vit-huge's 2.5 GB need not be held twice
+    _check_norm_eps(model, checkpoint)
     h, w = manifest.input_size
     if tuple(model.cfg.image_size) != (h, w):
         raise VitdeployError(f"{checkpoint}: model input {model.cfg.image_size} differs from the preprocessing's {h}x{w}")
     return model, manifest
+
+
+def _check_norm_eps(model: Any, checkpoint: str | Path) -> None:
+    """Every norm's epsilon is a finite number >= 0, or one line naming it (issue 37, P11): a NaN or negative one
+    (a foreign config's layer_norm_eps) traced into the graph, and ONNX Runtime refused the model at the parity check
+    with its own log lines, which export misread as an opset its ONNX Runtime cannot load."""
+    import math
+
+    for name, m in model.named_modules():
+        eps = getattr(m, "eps", None)
+        if isinstance(eps, float) and not (math.isfinite(eps) and eps >= 0):
+            field = "ln_eps" if hasattr(model, "cfg") and hasattr(model.cfg, "ln_eps") else "eps"
+            raise VitdeployError(f"{checkpoint}: the epsilon of {type(m).__name__} {name or 'model'} is {eps} (the "
+                                 f"manifest's model.{field}); it must be a finite number >= 0, e.g. 1e-6: fix the "
+                                 "source config's layer_norm_eps and import it again")
 
 
 @dataclass(frozen=True)
@@ -307,9 +323,11 @@ def _validate(model: Any, tmp_model: Path, images: str | Path | None, opset: int
             raise
         import onnxruntime
 
+        why = str(e).split("ONNX Runtime cannot load it", 1)[-1].strip(" ()")
+        lower = f"choose a lower --opset than {opset}, " if opset > MIN_OPSET else ""  # never below 17, LayerNorm's
         raise VitdeployError(
-            f"ONNX Runtime {onnxruntime.__version__} cannot load the opset {opset} model for the parity check: "
-            f"choose a lower --opset, or --no-check to write it unchecked"
+            f"ONNX Runtime {onnxruntime.__version__} cannot load the exported model for the parity check ({why}): "
+            f"{lower}or --no-check to write it unchecked"
         ) from None
 
 

@@ -616,8 +616,9 @@ def calibrate(
     its graph may be changed in place.
 
     ``quantizer``: who places the Q/DQ. "vitdeploy" (the default): ours (graph.quantize; for a CPU target the CPU
-    placement above). "nncf" (also ``method="nncf"``, as a manifest records it): NNCF's transformer scheme on the ONNX
-    graph (graph.nncf_ptq), for a CPU target only (``cpu`` when none is given). Measured in docs/cpu-backends.md: as
+    placement above; ``smooth`` is its SmoothQuant). "nncf" (also ``method="nncf"``, as a manifest records it): NNCF's transformer scheme on the ONNX
+    graph (graph.nncf_ptq), for a CPU target only (``cpu`` when none is given), with NNCF's own SmoothQuant:
+    ``smooth`` other than "auto" (the default) is refused (exit 2) rather than ignored. Measured in docs/cpu-backends.md: as
     fast on OpenVINO here and less accurate unguarded, hence not the default. The guard, manifest and lineage are the
     same for both.
 
@@ -636,6 +637,9 @@ def calibrate(
     check_quantizer_target(quantizer, None)
     if method == "nncf":
         quantizer = "nncf"
+    if quantizer == "nncf" and str(smooth) != "auto":  # issue 37, P11: it was ignored without a word
+        raise UsageError(f"--smooth {smooth} is our quantizer's: NNCF's transformer scheme applies its own SmoothQuant "
+                         "at its tuned strength; drop --smooth, or use --quantizer vitdeploy")
     _check_options(DEFAULT_METHOD if quantizer == "nncf" else method, float_type or "fp32", batch_size, max_drop,
                    min_agreement, eval_dir, min_cosine)
     check_target(target)

@@ -408,12 +408,17 @@ NNCF_PRECISION = "int8-nncf"  # the anchor row's precision label (backend openvi
 ANCHOR_IMAGES = 64
 
 
-def check_versus(versus: str | None) -> None:
-    """``--versus``: nncf, where NNCF and OpenVINO are installed (one line saying how to install them otherwise)."""
+def check_versus(versus: str | None, backends: Sequence[str] | None = None) -> None:
+    """``--versus``: nncf, where NNCF and OpenVINO are installed (one line saying how to install them otherwise).
+    NNCF's INT8 is an OpenVINO model, so its row runs on OpenVINO: a --backends list without openvino is refused
+    before any work rather than overridden (issue 37, P11: it ran an OpenVINO row under --backends onnxruntime)."""
     if versus is None:
         return
     if versus not in VERSUS:
         raise UsageError(f"--versus {versus!r}: choose {', '.join(VERSUS)}")
+    if backends and "openvino" not in backends:
+        raise UsageError(f"--versus nncf measures NNCF's INT8 on OpenVINO, which --backends {','.join(backends)} leaves "
+                         "out: add openvino to --backends, or drop --versus")
     from vitdeploy.graph.nncf_ptq import import_nncf
     from vitdeploy.runners.openvino.loader import import_openvino
 
@@ -491,7 +496,7 @@ def benchmark(
     if not models:
         raise UsageError("nothing to measure: pass MODEL paths or --preset NAME")
     check_settings(batch_sizes, warmup, iterations, seconds, threads, device)
-    check_versus(versus)
+    check_versus(versus, backends)
     threads = threads or available_cores()
     notes: list[str] = []
     workers: list[Worker] = []
@@ -670,7 +675,7 @@ def benchmark_preset(
 ) -> BenchReport:
     """Torch eager and ONNX Runtime FP32, FP16 and INT8 of a random-weight preset, without a checkpoint (and with
     ``versus="nncf"`` the CPU INT8 and NNCF's INT8 beside them)."""
-    check_versus(versus)
+    check_versus(versus, backends)
     with tempfile.TemporaryDirectory(prefix="vitdeploy-bench-") as tmp:
         folder = Path(keep) if keep else Path(tmp)
         models, notes = preset_artifacts(preset, folder, progress=progress, cpu_int8=versus == "nncf")

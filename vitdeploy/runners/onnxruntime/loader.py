@@ -17,10 +17,13 @@ CPU = ["CPUExecutionProvider"]
 
 
 def import_onnxruntime() -> Any:
+    """onnxruntime, its own logger set to fatal only: a model it cannot load raises, and the exception is said in our
+    one line; its log lines (red ANSI text on stderr, issue 37, P11) would say it a second time, unasked."""
     try:
         import onnxruntime as ort
     except ImportError:
         raise VitdeployError("onnxruntime is not installed: pip install 'vitdeploy[cpu]' (or [gpu])") from None
+    ort.set_default_logger_severity(4)
     return ort
 
 
@@ -32,7 +35,7 @@ def session_options(threads: int | None = None) -> Any:
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.intra_op_num_threads = thread_count(threads)
     so.inter_op_num_threads = 1
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # fatal only: errors are raised, and said in one line by the caller
     return so
 
 
@@ -55,4 +58,18 @@ def session(src: str | Path | OnnxArtifact | Any, threads: int | None = None, pr
     try:
         return ort.InferenceSession(what, session_options(threads), providers=use)
     except Exception as e:
-        raise VitdeployError(f"{name}: ONNX Runtime cannot load it ({str(e).splitlines()[0][:160]})") from None
+        raise VitdeployError(f"{name}: ONNX Runtime cannot load it ({ort_reason(e)})") from None
+
+
+def ort_reason(e: BaseException) -> str:
+    """ONNX Runtime's reason in a few words: its first line without the status prefix ("[ONNXRuntimeError] : 1 :
+    FAIL : ") or the C++ source location and signature ("/onnxruntime_src/...cc:132 ns::Op<T>::Op(...) [with T =
+    float] "), ended at a word, never cut inside one."""
+    import re
+
+    text = (str(e).splitlines() or [""])[0].strip()
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    text = re.sub(r"/\S+:\d+ .*?\)( \[with [^\]]*\])? ", "", text).strip()
+    if len(text) > 200:
+        text = text[:200].rsplit(" ", 1)[0] + " …"
+    return text or type(e).__name__
