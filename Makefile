@@ -1,5 +1,6 @@
 # make demo  — create .venv when missing, install, run the whole pipeline on the embedded digits set
-# make test  — create .venv when missing, run the test suite
+# make test  — create .venv when missing, run the fast set of the test suite (≤ 5 min on 2 cores; tests marked slow left out)
+# make test-all — the whole suite, the slow tests too (what CI runs)
 # make lint  — ruff, mypy (the package; the TensorRT modules against tensorrt-stubs), import-linter's contracts
 PY ?= python3
 VENV := .venv
@@ -12,7 +13,7 @@ EXTRA := $(if $(HAS_GPU),gpu,cpu)
 CONSTRAINTS := $(if $(HAS_GPU),,-c constraints-dev.txt)
 DEMO_DIR ?= demo
 
-.PHONY: demo test lint typecheck clean
+.PHONY: demo test test-all lint typecheck clean
 
 $(BIN)/.installed-$(EXTRA): pyproject.toml constraints-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,8 +29,14 @@ install: $(BIN)/.installed-$(EXTRA)
 # One pytest worker per core (pytest-xdist; tests/conftest.py pins each worker to its share of the cores). The work
 # is handed out test by test (worksteal), so the long tests do not queue behind one worker. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST := $(BIN)/python -m pytest -q $(if $(filter 0 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
+# make test: the newcomer's second step, the fast set; the tests marked `slow` (pyproject's markers: each says why it
+# is slow) run in make test-all, which .ci/run runs. Nothing runs only by hand but the full-size models (VITDEPLOY_SLOW=1).
 test: $(BIN)/.installed-$(EXTRA)
-	$(BIN)/python -m pytest -q $(if $(filter 0 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
+	$(PYTEST) -m "not slow"
+
+test-all: $(BIN)/.installed-$(EXTRA)
+	$(PYTEST)
 
 # Linters are not tests: the suite stays about behaviour. scripts/lint_checks.py adds mypy over the TensorRT modules
 # against tensorrt-stubs and the proofs that mypy and both import contracts can fail.

@@ -30,6 +30,9 @@ from vitdeploy.core.artifact import read_onnx_manifest
 from vitdeploy.core.preprocess import list_images, preprocess_file
 from vitdeploy.stages.bundle import BundleOptions, bundle
 
+# `make test` leaves these out (`make test-all` and CI run them): bundles of embedding models, run.py and the C++ example built and run (300 test-s of 3500 under load)
+pytestmark = pytest.mark.slow
+
 VENV_BIN = Path(sys.executable).parent
 DIM = 96  # the digits ViT's width: its pre-logits embedding
 

@@ -18,6 +18,9 @@ from vitdeploy.model.imageset import ImageSet
 from vitdeploy.runners.onnxruntime import OnnxRuntimeRunner
 from vitdeploy.stages.bundle import BundleOptions, bundle
 
+# `make test` leaves these out (`make test-all` and CI run them): several whole bundles made and re-made (73 test-s of 3500 under load)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def retrained(digits_ckpt: Path, digits_onnx: Path, digits_fp16: Path, digits_int8: Path, tmp_path: Path) -> Path:

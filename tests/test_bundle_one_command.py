@@ -14,6 +14,9 @@ from typer.testing import CliRunner
 from vitdeploy.checks import conformance as cf
 from vitdeploy.cli import app
 
+# `make test` leaves these out (`make test-all` and CI run them): the whole path from a checkpoint for each JetPack (200 test-s of 3500 under load)
+pytestmark = pytest.mark.slow
+
 
 def bundle_findings(b: Path, line: str) -> list[str]:
     out = []

@@ -185,6 +185,7 @@ def _fed_by_dq(graph: Any, tensor: str, producers: dict[str, Any]) -> bool:
     return p is not None and p.op_type == "DequantizeLinear"
 
 
+@pytest.mark.slow  # one export and INT8 per family: make test-all
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_every_family_quantizes_on_the_cpu_road(name: str, tmp_path: Path) -> None:
     """Each family's every weighted GEMM (SwiGLU's three, a MAP head's, a distilled model's projections, ...) but

@@ -21,6 +21,9 @@ from typer.testing import CliRunner
 from vitdeploy.cli import app
 from vitdeploy.core.preprocess import preprocess_file
 
+# `make test` leaves these out (`make test-all` and CI run them): verify/infer/bundle of trained embedding models on the oracle (430 test-s of 3500 under load)
+pytestmark = pytest.mark.slow
+
 cli = CliRunner()
 CHANCE = 0.1  # ten digit classes
 

@@ -252,6 +252,7 @@ def test_backbone_exports_its_librarys_embedding(name: str, cases: dict[str, Cas
     judge(name, cases[name], tmp_path, photo_files, photos, figures)
 
 
+@pytest.mark.slow  # full-size timm models built and exported (64 s each under load): make test-all
 @pytest.mark.parametrize("name", ARCH_CASES)
 def test_full_size_state_dict_with_arch_exports_timms_embedding(name: str, photo_files: list[Path],
                                                                 photos: list[Image.Image], figures: dict,

@@ -19,6 +19,9 @@ from typer.testing import CliRunner
 from vitdeploy.checks import conformance as cf
 from vitdeploy.cli import app
 
+# `make test` leaves these out (`make test-all` and CI run them): a bundle of each family, trained per family, judged on the oracle (535 test-s of 3500 under load)
+pytestmark = pytest.mark.slow
+
 MIN_AGREEMENT = 0.98  # the bar: INT8 and FP16 answer like FP32 on >= 98% of the images, on the oracle
 
 

@@ -24,6 +24,9 @@ from vitdeploy.model.data import Split, load_digits_dataset
 from vitdeploy.model.train import Dist, TrainOptions, evaluate, partial_path, train, train_step
 from vitdeploy.model.vit import VisionTransformer, ViTConfig, get_preset
 
+# `make test` leaves these out (`make test-all` and CI run them): torchrun with several processes (86 test-s of 3500 under load)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TINY = ["--image-size", "16", "--patch-size", "4", "--epochs", "2", "--batch-size", "32"]
