@@ -181,6 +181,15 @@ def test_id2label_repeating_a_name_keeps_one_name_per_class(folders: dict[str, P
     stay distinct, and the folder still imports."""
     d = _edited(folders["hf"], tmp_path / "dup", CFG, _set("id2label", {"0": "crane", "1": "dog", "2": "crane"}))
     assert load_any(d).manifest.labels == ["crane", "dog", "crane (2)"]
+    # the conversion is said in one line, never silent (issue 37: "convert them explicitly, with the conversion said")
+    from typer.testing import CliRunner
+
+    from vitdeploy.cli import app
+
+    r = CliRunner().invoke(app, ["import", str(d), "-o", str(tmp_path / "dup.pth")])
+    assert r.exit_code == 0, r.output
+    notes = [line for line in r.output.splitlines() if line.startswith("note:")]
+    assert notes == [f"note: {d / CFG}: id2label names 'crane' under ids 0 and 2: class 2 is named 'crane (2)'"], r.output
 
 
 def test_unknown_arch_and_off_grid_image_size_are_refused_before_the_weights(folders: dict[str, Path],

@@ -73,6 +73,8 @@ def import_(
         path, m = import_checkpoint(source, out, arch=arch, labels=labels, image_size=size)
     else:
         path, m = _import_zero_shot(source, out, arch, labels, size, request)
+    for note in m.source.get("notes") or ():  # what the import converted (a repeated class name …), said once
+        err_console.print(f"note: {note}", highlight=False, soft_wrap=True)
     pp = m.pp()
     h, w = pp.input_size
     from vitdeploy.core.task import task_of

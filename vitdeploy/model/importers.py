@@ -165,11 +165,12 @@ def _hf_preprocess(folder: Path, image_size: tuple[int, int]) -> dict[str, Any]:
     }
 
 
-def hf_labels(cfg_json: dict[str, Any], config_path: Path, n_cls: int) -> list[str]:
+def hf_labels(cfg_json: dict[str, Any], config_path: Path, n_cls: int, notes: list[str] | None = None) -> list[str]:
     """config.json's ``id2label`` as the head's class names: an object whose keys are exactly "0" .. "n-1" and whose
     values are strings, one per class (a backbone's head of 0 classes keeps transformers' default names unread).
     A name repeated under two ids (ImageNet's "crane" is a bird and a machine) gets its id appended on the later
-    ones, so each class keeps a name of its own. No id2label: transformers' own default names, LABEL_i."""
+    ones, so each class keeps a name of its own, and ``notes`` gets one line saying so (the import prints it: a
+    conversion is said, never silent). No id2label: transformers' own default names, LABEL_i."""
     cf = Fields(config_path, cfg_json, null_is_default=True)
     raw = cf.raw("id2label")
     if not raw or n_cls == 0:
@@ -192,7 +193,14 @@ def hf_labels(cfg_json: dict[str, Any], config_path: Path, n_cls: int) -> list[s
         v = by_id[i]
         if not isinstance(v, str) or not v.strip() or "\n" in v:
             raise cf.refuse(f"id2label.{i}", v, "a class name (a non-empty string of one line)")
-        names.append(v if v not in names else f"{v} ({i})")
+        if v in names:
+            first = names.index(v)
+            names.append(f"{v} ({i})")
+            if notes is not None:
+                notes.append(f"{config_path}: id2label names {v!r} under ids {first} and {i}: class {i} is named "
+                             f"{names[-1]!r}")
+        else:
+            names.append(v)
     return names
 
 
@@ -233,9 +241,10 @@ def load_hf_folder(folder: str | Path, labels: str | Path | None = None) -> Chec
     except ValueError as e:
         raise VitdeployError(f"{d / HF_CONFIG}: {e}") from None
     _check_fits(state, cfg, str(d))
-    names = labels_for(labels, n_cls) if labels is not None else hf_labels(cfg_json, d / HF_CONFIG, n_cls)
+    notes: list[str] = []
+    names = labels_for(labels, n_cls) if labels is not None else hf_labels(cfg_json, d / HF_CONFIG, n_cls, notes)
     source = {"format": "huggingface", "path": str(d.resolve()), "weights": weights_name,
-              "architectures": cfg_json.get("architectures")}
+              "architectures": cfg_json.get("architectures"), **({"notes": notes} if notes else {})}
     return Checkpoint(_manifest(cfg, names, pp, d.resolve().name, source), state)
 
 
