@@ -25,6 +25,7 @@ def digits_models(digits_ckpt: Path, digits_onnx: Path) -> tuple[Path, Path]:
     return digits_ckpt, digits_onnx
 
 
+@pytest.mark.slow  # builds and times a preset ViT (13 s): make test-all
 def test_preset_benchmark_json(tmp_path: Path) -> None:
     """The --preset path: a random-weight model, its FP32/FP16/INT8 ONNX, every row at batch 1. The smallest preset
     (vit-digits): the rows, files and ratios asked for here do not depend on the model's size (vit-tiny took 3x as

@@ -28,6 +28,9 @@ from PIL import Image
 
 from vitdeploy.stages.bundle import BundleOptions, bundle
 
+# `make test` leaves these out (`make test-all` and CI run them): the C++ example compiled against four TensorRT header sets and OpenCV (33 test-s of 920)
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 CPP = REPO / "vitdeploy" / "stages" / "bundle_files" / "cpp"
 TRT_VERSIONS = ("8.6", "10.3", "10.16", "11.1")

@@ -265,7 +265,8 @@ def test_higher_opset_is_converted(digits_ckpt: Path, tmp_path: Path) -> None:
     assert dims(m.graph.input[0])[0] == BATCH_DIM
 
 
-@pytest.mark.parametrize("preset", ["vit-digits", "vit-tiny", "vit-small", "vit-base"])
+@pytest.mark.parametrize("preset", ["vit-digits", "vit-tiny", "vit-small",
+                                    pytest.param("vit-base", marks=pytest.mark.slow)])  # vit-base: 18 s, make test-all
 def test_presets_export_at_224(preset: str, tmp_path: Path) -> None:
     import onnxruntime as ort
 

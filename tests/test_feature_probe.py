@@ -19,6 +19,9 @@ import pytest
 from cli_cases import run_cli_cases
 from helpers import ort_run
 
+# `make test` leaves these out (`make test-all` and CI run them): linear and kNN probes trained on frozen features, against scikit-learn (45 test-s of 920)
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
 

@@ -250,6 +250,7 @@ def test_fp16_graph_keeps_layernorm_and_softmax_in_fp32(fp16: Path) -> None:
 # --- the guard ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # calibrates and evaluates several times (20 s): make test-all
 def test_guard_excludes_sensitive_layers_until_the_budget_fits(
     work: Path, digits_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -166,6 +166,7 @@ def test_verify_cli_report_is_written_even_when_verify_fails(artifacts: dict[str
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.mark.slow  # headless Chromium renders the page (9 s): make test-all
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (Debian: apt-get install chromium); the HTML is still parsed")
 def test_report_renders_in_headless_chromium(report, tmp_path: Path) -> None:
     index = write_report(report, tmp_path / "rep")

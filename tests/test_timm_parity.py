@@ -16,6 +16,9 @@ import numpy as np
 import pytest
 from helpers import ort_run, rel_err
 
+# `make test` leaves these out (`make test-all` and CI run them): timm models built, imported, exported and compared with timm's logits (49 test-s of 920)
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
 

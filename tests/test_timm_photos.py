@@ -30,6 +30,9 @@ timm = pytest.importorskip("timm")
 
 from vitdeploy.cli import app  # noqa: E402
 
+# `make test` leaves these out (`make test-all` and CI run them): timm's own transforms against ours on the photos, per family (18 test-s of 920)
+pytestmark = pytest.mark.slow
+
 MODELS = [
     "deit_tiny_distilled_patch16_224",
     "deit3_small_patch16_224",

@@ -27,6 +27,9 @@ from typer.testing import CliRunner
 
 from vitdeploy.cli import app
 
+# `make test` leaves these out (`make test-all` and CI run them): CLIP/SigLIP/open_clip pairs built with their libraries, text towers run (36 test-s of 920)
+pytestmark = pytest.mark.slow
+
 CLASSES = ["astronaut", "cup of coffee", "cat", "camera man", "rocket"]
 ONE_TEMPLATE = "a photo of a {}."
 PAIRS = ("hf_clip", "hf_siglip", "open_clip")
