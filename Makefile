@@ -29,9 +29,9 @@ install: $(BIN)/.installed-$(EXTRA)
 # One pytest worker per core (pytest-xdist; tests/conftest.py pins each worker to its share of the cores). The work
 # is handed out test by test (worksteal), so the long tests do not queue behind one worker. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
-PYTEST := $(BIN)/python -m pytest -q $(if $(filter 0 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
+PYTEST := $(BIN)/python -m pytest -q --durations=10 $(if $(filter 0 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 # make test: the newcomer's second step, the fast set; the tests marked `slow` (pyproject's markers: each says why it
-# is slow) run in make test-all, which .ci/run runs. Nothing runs only by hand but the full-size models (VITDEPLOY_SLOW=1).
+# is slow) run in make test-all, which .ci/run runs. Both print their ten slowest tests. Nothing runs only by hand but the full-size models (VITDEPLOY_SLOW=1).
 test: $(BIN)/.installed-$(EXTRA)
 	$(PYTEST) -m "not slow"
 
