@@ -19,7 +19,7 @@ import torch
 
 from vitdeploy.core.artifact import read_manifest
 from vitdeploy.core.errors import UsageError, VitdeployError
-from vitdeploy.core.limits import RANGES
+from vitdeploy.core.limits import bounds
 from vitdeploy.core.loaded import SourceReads
 from vitdeploy.core.manifest import ENGINE_SUFFIXES, Manifest
 from vitdeploy.core.schema import Fields, load_json
@@ -68,7 +68,6 @@ PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box
 # transformers' ViTImageProcessor defaults (IMAGENET_STANDARD_MEAN/STD), used when a folder has no processor config.
 HF_STANDARD_MEAN = (0.5, 0.5, 0.5)
 HF_STANDARD_STD = (0.5, 0.5, 0.5)
-RANGES_CROP = RANGES["crop_pct"]
 
 # --- Hugging Face --------------------------------------------------------------------------------
 
@@ -144,7 +143,7 @@ def _hf_preprocess(folder: Path, image_size: tuple[int, int]) -> dict[str, Any]:
             f"{f}: resize {size} with center crop {crop} has no vitdeploy equivalent "
             "(supported: size {height, width}; or shortest_edge with a square crop_size)"
         )
-    b = RANGES_CROP
+    b = bounds("crop_pct")
     if not b["min"] <= crop_pct <= b["max"]:
         raise r.refuse("crop_size", crop, f"from {b['min']} to {b['max']} times the resize ({crop_pct:.3g} here: "
                        "the eval resize is input / crop_pct)")
