@@ -455,6 +455,7 @@ def restore(root: Path) -> None:
 def prepare(root: Path, what: str | None) -> None:
     prepare_issue31(root, what)
     prepare_issue37(root, what)
+    prepare_issue40(root, what)
     if what == "adir":
         (root / "adir").mkdir(exist_ok=True)
     elif what == "link":
@@ -917,6 +918,307 @@ def prepare_issue37(root: Path, what: str | None) -> None:
         (root / "cpub" / "nested" / "manifest.json").write_text('{"bundle": ' + "[" * 100000 + "]" * 100000 + "}")
 
 
+# ================================================================== issue 40: what is shipped is what was asked for
+# The families of issue 40's sections A-H, each a copy of what a new user did. Setups "h40:*" make, once per scratch
+# folder: ab/ (checkpoint A = the scratch's ckpt.pth with its model.onnx beside it, and B.pth = A's weights x1.25),
+# emb/ (the digits ViT exported as an embedding model, a two-class gallery with an unreadable image), h40/hf_clip (a
+# small transformers CLIP pair with CLIP's BPE, tests/foundation_pairs.py) and edited copies of it, h40/open_clip.
+# The documented codes: a refusal of an artifact that does not descend from the input 1 (issue 40 item 1), an output
+# that is a link to an input 2 (as -o), a damaged bundle file 1, a foreign file's bad field 1, partly done 3.
+
+_H40_PAIRS = r"""
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import foundation_pairs as fp
+r = Path(sys.argv[1])
+clip = fp.hf_clip(r, fp.clip_bpe_tokenizer(r / "clip_tok"))
+fp.open_clip_pair(r, clip)  # the CLIP tokenizer saved beside the HF pair, as tests/test_zero_shot.py does
+"""
+
+
+def _h40_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(_CODE)}
+
+
+def _vd(root: Path, *args: str, timeout: float = 600) -> None:
+    subprocess.run([sys.executable, "-m", "vitdeploy", *args], cwd=root, env=_h40_env(), check=True,
+                   capture_output=True, timeout=timeout)
+
+
+def _h40_clip(root: Path) -> Path:
+    """h40/hf_clip (and h40/open_clip), made once."""
+    h = root / "h40"
+    if not (h / "hf_clip").is_dir():
+        h.mkdir(exist_ok=True)
+        env = _h40_env()
+        subprocess.run([sys.executable, "-c", _H40_PAIRS, str(h), str(REPO / "tests")], check=True, env=env,
+                       capture_output=True, timeout=600)
+        (h / "classes.txt").write_text("zero\none\ntwo\n")
+    return h
+
+
+def _h40_copy(root: Path, name: str, edit: Callable[[Path], None], base: str = "hf_clip") -> None:
+    h = _h40_clip(root)
+    if not (h / name).exists():
+        shutil.copytree(h / base, h / name)
+        edit(h / name)
+
+
+def _truncate(name: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        data = (folder / name).read_bytes()
+        (folder / name).write_bytes(data[: len(data) // 2])
+    return edit
+
+
+def _vocab_cut(folder: Path) -> None:
+    """The slow tokenizer's files (vocab.json + merges.txt, as older save_pretrained wrote them) in place of
+    tokenizer.json, vocab.json cut in half."""
+    (folder / "tokenizer.json").unlink()
+    tok = folder.parent / "clip_tok"
+    shutil.copy(tok / "merges.txt", folder / "merges.txt")
+    data = (tok / "vocab.json").read_bytes()
+    (folder / "vocab.json").write_bytes(data[: len(data) // 2])
+
+
+def _scale_tensor(key: str, value: float) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        import numpy as np
+        from safetensors.numpy import load_file, save_file
+
+        w = load_file(str(folder / "model.safetensors"))
+        w[key] = np.full_like(w[key], value)
+        save_file(w, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return edit
+
+
+def _text_config(field_name: str, value: object) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        doc = json.loads((folder / "config.json").read_text())
+        doc["text_config"][field_name] = value
+        (folder / "config.json").write_text(json.dumps(doc))
+    return edit
+
+
+def _open_clip_cfg(value: object) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        doc = json.loads((folder / "open_clip_config.json").read_text())
+        doc["model_cfg"]["text_cfg"]["context_length"] = value
+        (folder / "open_clip_config.json").write_text(json.dumps(doc))
+    return edit
+
+
+H40_COPIES: dict[str, tuple[str, Callable[[Path], None]]] = {
+    "vocab-cut": ("hf_clip", _vocab_cut),
+    "tokjson-cut": ("hf_clip", _truncate("tokenizer.json")),
+    "tokcfg-cut": ("hf_clip", _truncate("tokenizer_config.json")),
+    "scale-nan": ("hf_clip", _scale_tensor("logit_scale", float("nan"))),
+    "ctx-1": ("hf_clip", _text_config("max_position_embeddings", 1)),
+    "oc-ctx-huge": ("open_clip", _open_clip_cfg(10**9)),
+}
+
+
+def _h40_ab(root: Path) -> None:
+    ab = root / "ab"
+    if ab.is_dir():
+        return
+    ab.mkdir()
+    shutil.copyfile(root / "ckpt.pth", ab / "ckpt.pth")
+    shutil.copyfile(root / "model.onnx", ab / "model.onnx")  # A's export, made from ab/ckpt.pth's bytes
+    subprocess.run([sys.executable, "-c", "import sys, torch\n"
+                    "d = torch.load(sys.argv[1], weights_only=True)\n"
+                    "d['state_dict'] = {k: v * 1.25 for k, v in d['state_dict'].items()}\n"
+                    "torch.save(d, sys.argv[2])", str(ab / "ckpt.pth"), str(ab / "B.pth")],
+                   check=True, capture_output=True, timeout=600)
+
+
+def _h40_embed(root: Path) -> None:
+    e = root / "emb"
+    if (e / "embed.onnx").is_file():
+        return
+    e.mkdir(exist_ok=True)
+    _vd(root, "export", "ckpt.pth", "--embedding", "--normalize", "-o", "emb/embed.onnx", "--no-check")
+    for cls, src in (("a", "img"), ("b", "img2")):
+        (e / "gal" / cls).mkdir(parents=True, exist_ok=True)
+        shutil.copy(root / src / "a.png", e / "gal" / cls / "x.png")
+    shutil.copy(root / "img" / "a.png", e / "gal" / "b" / "y.png")
+    (e / "gal" / "a" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    (e / "q").mkdir(exist_ok=True)  # a file named a<LF>b.png and one named a\nb.png
+    shutil.copy(root / "img" / "a.png", e / "q" / "a\nb.png")
+    shutil.copy(root / "img2" / "a.png", e / "q" / "a\\nb.png")
+
+
+def prepare_issue40(root: Path, what: str | None) -> None:
+    if not what or not what.startswith("h40:"):
+        return
+    name = what.split(":", 1)[1]
+    if name == "ab":
+        _h40_ab(root)
+    elif name == "embed":
+        _h40_embed(root)
+    elif name == "clip":
+        _h40_clip(root)
+    elif name in H40_COPIES:
+        base, edit = H40_COPIES[name]
+        _h40_copy(root, name, edit, base)
+    elif name == "calib-link":
+        link = root / "c.calib.json"
+        if not link.is_symlink():
+            link.symlink_to(root / "model.onnx")
+    elif name == "files-link":
+        _h40_embed(root)
+        link = root / "e.files.txt"
+        if not link.is_symlink():
+            link.symlink_to(root / "ckpt.pth")
+    elif name == "features-link":
+        _h40_tiny(root)
+        link = root / "p.pth.features.npz"
+        if not link.is_symlink():
+            link.symlink_to(root / "ckpt.pth")
+    elif name == "ref-f16":  # a reference re-saved as float16 (and back): close in value, not the bytes shipped
+        b = root / "cpub" / "f16"
+        if not b.is_dir():
+            shutil.copytree(root / "cpub" / "b", b, symlinks=True)
+            import numpy as np
+
+            ref = next(p for p in sorted((b / "reference").glob("*.npy")) if p.name != "inputs.npy")
+            np.save(ref, np.load(ref).astype(np.float16).astype(np.float32))
+    elif name == "ref-nan":
+        b = root / "cpub" / "nanref"
+        if not b.is_dir():
+            shutil.copytree(root / "cpub" / "b", b, symlinks=True)
+            import numpy as np
+
+            ref = next(p for p in sorted((b / "reference").glob("*.npy")) if p.name != "inputs.npy")
+            a = np.load(ref)
+            a[0, 0] = np.nan
+            np.save(ref, a)
+    elif name == "classes":
+        _h40_clip(root)
+        h = root / "h40"
+        (h / "long.txt").write_text("zero\none\n" + "x" * 10000 + "\n")
+        (h / "tab.txt").write_text("zero\none\ttwo\n")
+        (h / "one.txt").write_text("zero\n")
+        (h / "cut.txt").write_text("a photo of " * 20 + "{}\n")  # {} past CLIP's 32-token context
+
+
+def _h40_tiny(root: Path) -> None:
+    """tiny/: an ImageFolder of two digit classes (train and val) for --probe."""
+    t = root / "tiny"
+    if t.is_dir():
+        return
+    for split in ("train", "val"):
+        for cls, src in (("zero", "img"), ("one", "img2")):
+            (t / split / cls).mkdir(parents=True)
+            for i in range(4):
+                shutil.copy(root / src / "a.png", t / split / cls / f"{i}.png")
+
+
+def _said(*words: str) -> Callable[[Path, subprocess.CompletedProcess[str], float], str | None]:
+    def check(r: Path, p: subprocess.CompletedProcess[str], t: float) -> str | None:
+        text = p.stdout + p.stderr
+        missing = [w for w in words if w not in text]
+        return f"does not name {', '.join(missing)}" if missing else _no_raw_exception(p)
+    return check
+
+
+def _not_said(*words: str) -> Callable[[Path, subprocess.CompletedProcess[str], float], str | None]:
+    def check(r: Path, p: subprocess.CompletedProcess[str], t: float) -> str | None:
+        text = p.stdout + p.stderr
+        wrong = [w for w in words if w in text]
+        return f"says {', '.join(repr(w) for w in wrong)}" if wrong else _no_raw_exception(p)
+    return check
+
+
+def _distinct_file_lines(r: Path, p: subprocess.CompletedProcess[str], t: float) -> str | None:
+    lines = (r / "e.files.txt").read_text(encoding="utf-8", errors="surrogateescape").splitlines()
+    return None if len(lines) == len(set(lines)) == 2 else f"file list lines {lines!r}"
+
+
+CHECKS.update({
+    "h40_names_input": _said("B.pth"),
+    "h40_names_reference": _said("reference"),
+    "h40_names_vocab": _said("vocab.json"),
+    "h40_names_tokcfg": _said("tokenizer_config.json"),
+    "h40_names_tokjson": _said("tokenizer.json"),
+    "h40_names_scale": _said("logit_scale"),
+    "h40_names_context": _said("context"),
+    "h40_not_no_such_folder": _not_said("no such folder"),
+    "h40_distinct_lines": _distinct_file_lines,
+    "h40_no_raw": lambda r, p, t: _no_raw_exception(p),
+})
+
+
+def issue40_probes() -> list[Probe]:
+    P = Probe
+    refs = ["--references", "2", "-i", "img"]
+    clip = "h40/hf_clip"
+    return [
+        # A: a bundle of B never ships A's model, nor replaces it silently (with and without -t)
+        P(["bundle", "ab/B.pth", "-t", "cpu", "--fp16", "-o", "ab/bB", *refs], 1,
+          "A: bundle B.pth beside A's model.onnx, -t cpu", setup="h40:ab", check="h40_names_input", timeout=300),
+        P(["bundle", "ab/B.pth", "--fp16", "-o", "ab/bB", *refs], 1,
+          "A: bundle B.pth beside A's model.onnx, no -t", setup="h40:ab", check="h40_names_input", timeout=300,
+          slow=True),
+        P(["bundle", "ab/B.pth", "-t", "trt10", "--fp16", "-o", "ab/bB", *refs], 1,
+          "A: bundle B.pth beside A's model.onnx, another -t", setup="h40:ab", check="h40_names_input",
+          timeout=300, slow=True),
+        # B: side files through links onto inputs
+        P(["calibrate", "model.onnx", "-i", "mixed", "--batch-size", "1", "-o", "c.onnx"], 2, "B: c.calib.json a symlink to the input",
+          setup="h40:calib-link", check="h40_no_raw", timeout=300),
+        P(["infer", "img", "-m", "emb/embed.onnx", "-o", "e.npy"], 2, "B: e.files.txt a symlink to ckpt.pth",
+          setup="h40:files-link", check="h40_no_raw", timeout=300, slow=True),
+        P(["train", "tiny", "--init", "ckpt.pth", "--probe", "knn", "-o", "p.pth"], 2,
+          "B: p.pth.features.npz a symlink to --init", setup="h40:features-link", check="h40_no_raw", timeout=300,
+          slow=True),
+        P(["{w}/img/a.png", "--out", "{w}/cpub/b/reference/inputs.npy"], 2, "B: run.py --out onto the bundle's references",
+          program="cpub/b/run.py", check="h40_no_raw", timeout=120),
+        # C: a prompt cut by the text context, a 10,000-character class name
+        P(["import", clip, "--classes", "h40/classes.txt", "--templates", "h40/cut.txt", "-o", "zs.pth"], 1,
+          "C: a template whose {} falls past the text context", setup="h40:classes", check="h40_names_context",
+          timeout=300, slow=True),
+        P(["import", clip, "--classes", "h40/long.txt", "--templates", "simple", "-o", "zs.pth"], 1,
+          "C: a 10,000-character class name", setup="h40:classes", check="h40_no_raw", timeout=300, slow=True),
+        # D: an unreadable gallery image is partly done
+        P(["infer", "img", "-m", "emb/embed.onnx", "--gallery", "emb/gal"], 3,
+          "D: --gallery with an unreadable image", setup="h40:embed", timeout=300),
+        # E: checks that miss tampering
+        P(["--check", "--backend", "onnxruntime"], 1, "E: run.py --check, a reference re-saved as float16",
+          program="cpub/f16/run.py", setup="h40:ref-f16", check="h40_names_reference", timeout=120),
+        P(["info", "cpub/f16"], 1, "E: info BUNDLE, a reference re-saved as float16", setup="h40:ref-f16",
+          check="h40_names_reference", timeout=120),
+        P(["--check", "--backend", "onnxruntime"], 1, "E: run.py --check, a NaN in a reference",
+          program="cpub/nanref/run.py", setup="h40:ref-nan", check="h40_names_reference", timeout=120, slow=True),
+        # F: foreign files named
+        P(["import", "h40/vocab-cut", "--classes", "h40/classes.txt", "-o", "zs.pth"], 1, "F: a truncated vocab.json",
+          setup="h40:vocab-cut", check="h40_names_vocab", timeout=300, slow=True),
+        P(["import", "h40/tokjson-cut", "--classes", "h40/classes.txt", "-o", "zs.pth"], 1,
+          "F: a truncated tokenizer.json", setup="h40:tokjson-cut", check="h40_names_tokjson", timeout=300,
+          slow=True),
+        P(["import", "h40/tokcfg-cut", "--classes", "h40/classes.txt", "-o", "zs.pth"], 1,
+          "F: a truncated tokenizer_config.json", setup="h40:tokcfg-cut", check="h40_names_tokcfg", timeout=300,
+          slow=True),
+        P(["import", "h40/scale-nan", "--classes", "h40/classes.txt", "-o", "zs.pth"], 1, "F: a NaN logit_scale",
+          setup="h40:scale-nan", check="h40_names_scale", timeout=300, slow=True),
+        P(["import", "h40/ctx-1", "--classes", "h40/classes.txt", "-o", "zs.pth"], 1, "F: a text context of 1",
+          setup="h40:ctx-1", check="h40_no_raw", timeout=300, slow=True),
+        # G: sizes from a config checked before any allocation
+        P(["import", "h40/oc-ctx-huge", "--classes", "h40/classes.txt", "-o", "zs.pth"], 1,
+          "G: open_clip context_length 10^9", setup="h40:oc-ctx-huge", check="h40_names_context", timeout=300,
+          memory_gib=8, slow=True),
+        # H: messages that say something false
+        P(["infer", "img", "-m", "emb/embed.onnx", "--gallery", "img/a.png"], 2, "H: --gallery a file",
+          setup="h40:embed", check="h40_not_no_such_folder", timeout=300, slow=True),
+        P(["infer", "emb/q", "-m", "emb/embed.onnx", "-o", "e.npy"], 0, "H: files a<LF>b.png and a\\nb.png",
+          setup="h40:embed", check="h40_distinct_lines", outputs=["e.npy", "e.files.txt"], timeout=300),
+        P(["import", clip, "--classes", "h40/tab.txt", "-o", "zs.pth"], 1, "H: a tab in a class name",
+          setup="h40:classes", check="h40_no_raw", timeout=300, slow=True),
+        P(["import", clip, "--classes", "h40/one.txt", "-o", "zs.pth"], 1, "H: a one-class zero-shot classifier",
+          setup="h40:classes", check="h40_no_raw", timeout=300, slow=True),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fast", action="store_true", help="only the quick probes (CI)")
@@ -937,7 +1239,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.device:
         return main_device(a.code.resolve(), a.keep)
-    chosen = [p for p in probes() + issue31_cli_probes() + issue37_probes() if not (a.fast and p.slow)
+    chosen = [p for p in probes() + issue31_cli_probes() + issue37_probes() + issue40_probes() if not (a.fast and p.slow)
               and (not a.only or any(t in f"{p.command} {p.what}" for t in a.only))]
     if a.shard:
         i, n = a.shard
