@@ -453,9 +453,9 @@ class TrtModel:
                                f"CUDA failed): free GPU memory and try again; {DRIVER_ADVICE}")
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        self.outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        self.output_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
         # the output the manifest names (an embedding model exported with --tokens has patch_tokens beside it)
-        self.output = output if output in self.outputs else self.outputs[0]
+        self.output = output if output in self.output_names else self.output_names[0]
         prof = self.engine.get_tensor_profile_shape(self.inputs[0], 0)
         self.min_batch, self.max_batch = int(prof[0][0]), int(prof[2][0])  # DLA: min = max, one fixed batch
         self.stream = self.cuda.stream()
@@ -501,7 +501,7 @@ class TrtModel:
             cuda.copy(d_in, x.ctypes.data, x.nbytes, cuda.H2D, self.stream)
             self.context.set_tensor_address(name, d_in)
             outs = {}
-            for o in self.outputs:
+            for o in self.output_names:
                 shape = tuple(self.context.get_tensor_shape(o))
                 host = np.empty(shape, dtype=trt.nptype(self.engine.get_tensor_dtype(o)))
                 d = cuda.malloc(host.nbytes)
