@@ -394,3 +394,45 @@ def test_tensorrt_runner_reads_the_main_output_by_name_not_by_position(mocked_tr
     with open_runner(res.engine) as r:
         assert r.output_names == ["embedding", "patch_tokens"]
         np.testing.assert_allclose(r(x), emb, rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------- the C++ example
+
+
+@pytest.mark.slow  # builds the example (about a minute on a loaded 2-core machine)
+def test_cpp_example_saves_the_patch_tokens_run_py_saves(made: Path, tmp_path: Path) -> None:
+    """bundle.cfg names the patch-token output; classify --out saves them beside the vectors, the very arrays
+    run.py --out saves (the stub engine answers, per exact image, what ONNX Runtime gives for it)."""
+    import subprocess
+
+    from cpp_helpers import build_with_stub, stub_engine, write_table
+
+    cfg = (made / "cpp" / "bundle.cfg").read_text().splitlines()
+    assert "tokens=patch_tokens" in cfg and "output=embedding" in cfg
+    binary = build_with_stub(made / "cpp", tmp_path / "classify")
+    mod = load_run_py(made / "run.py")
+    files = sorted((made / "reference" / "images").iterdir())
+    x = np.stack([mod.load_resized(f, manifest(made)["preprocess"]) for f in files])
+    outs = mod.OrtModel(made / "model.raw.onnx").outputs(x)
+    rows = np.concatenate([outs["embedding"], outs["patch_tokens"].reshape(len(x), -1)], axis=1)
+    eng, _ = stub_engine(tmp_path, 16, 16, DIM, lo=1, hi=4, table=write_table(tmp_path / "table.bin", x, rows))
+    eng.write_text(eng.read_text() + f"patches={PATCHES}\ntoken_width={DIM}\n")
+    out_c = tmp_path / "c.npy"
+    r = subprocess.run([str(binary), str(eng), *map(str, files), "--out", str(out_c)], capture_output=True, text=True,
+                       timeout=300, cwd=made)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines()[-1] == f"saved their patch tokens to {tmp_path / 'c.patch_tokens.npy'}"
+    out_p = tmp_path / "p.npy"
+    assert mod.main([*map(str, files), "--out", str(out_p), "--backend", "onnxruntime"]) == 0
+    np.testing.assert_array_equal(np.load(out_c), np.load(out_p))
+    tokens = np.load(tmp_path / "c.patch_tokens.npy")
+    assert tokens.shape == (len(files), PATCHES, DIM) and tokens.dtype == np.float32
+    np.testing.assert_array_equal(tokens, np.load(tmp_path / "p.patch_tokens.npy"))
+    # an engine without the patch-token output, where bundle.cfg names one: one line, exit 1, nothing saved
+    bare, _ = stub_engine(tmp_path / "bare", 16, 16, DIM)
+    out_b = tmp_path / "b.npy"
+    r = subprocess.run([str(binary), str(bare), str(files[0]), "--out", str(out_b)], capture_output=True, text=True,
+                       timeout=60, cwd=made)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        f"error: {bare}: no output patch_tokens, though bundle.cfg names it: rebuild the engine"]
+    assert not out_b.exists()
