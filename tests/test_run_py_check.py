@@ -208,6 +208,23 @@ def test_a_damaged_reference_is_named_not_read_as_a_broken_model(b: Path, rel: s
                           "file; copy the bundle again")
 
 
+def test_a_classifiers_damaged_reference_logits_are_named(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from helpers import tiny_bundle
+
+    c = tiny_bundle(tmp_path)
+    rel = "reference/logits.fp32.npy"
+    a = np.load(c / rel)
+    a[1, 2] = np.nan
+    np.save(c / rel, a)
+    code, err, _ = run(c, "--check", capsys=capsys)
+    assert code == 1 and err == [f"error: {rel} is not the file this bundle was made with (its SHA-256 differs from "
+                                 "manifest.json's bundle.files): an edited or damaged copy; copy the bundle again"]
+    rehash(c, rel)
+    code, err, out = run(c, "--check", capsys=capsys)
+    assert code == 1 and out == "" and err == [f"error: {rel}: 1 of its {a.size} values are not finite (NaN or "
+                                               "infinity): a damaged reference file; copy the bundle again"]
+
+
 def test_norm_gates_are_the_manifests_and_run_py_keeps_vitdeploys_for_older_bundles(b: Path) -> None:
     from vitdeploy.checks.device_check import NORM_TOLERANCE
 
