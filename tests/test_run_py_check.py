@@ -153,7 +153,7 @@ def test_edited_readme_and_configs_are_named_as_a_warning(b: Path, capsys: pytes
     edited = ["README.md", "deepstream/config_infer_primary.txt (removed)", f"triton/{tri.name}/config.pbtxt"]
     assert code == 0 and json.loads(out)["ok"] and json.loads(out)["edited"] == edited
     assert err == ["warning: edited since the bundle was made (their SHA-256 differs from manifest.json's bundle.files): "
-                   + ", ".join(edited) + "; the check does not depend on them"]
+                   + ", ".join(edited)]
 
 
 def test_an_untouched_bundle_passes_without_a_warning(b: Path, capsys: pytest.CaptureFixture) -> None:
@@ -453,3 +453,21 @@ def test_cpp_example_saves_the_patch_tokens_run_py_saves(made: Path, tmp_path: P
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         f"error: {bare}: no output patch_tokens, though bundle.cfg names it: rebuild the engine"]
     assert not out_b.exists()
+
+
+def test_verifys_per_patch_map_reads_the_engines_patch_tokens(mocked_trt: Any, tmp_path: Path) -> None:
+    """verify's per-patch cosine map (run_with_tokens) on an engine: the engine's own patch tokens, not "none"."""
+    from PIL import Image
+
+    from vitdeploy.checks.verify import patch_cosine_maps
+    from vitdeploy.runners import open_runner
+    from vitdeploy.stages.engine import BuildOptions, build_engine
+
+    src = embedding_onnx(tmp_path / "model.onnx")
+    res = build_engine(src, BuildOptions(min_batch=1, opt_batch=1, max_batch=2))
+    img = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(3).integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(img)
+    with open_runner(src) as ort_runner, open_runner(res.engine) as trt_runner:
+        maps, note = patch_cosine_maps([ort_runner, trt_runner], str(img), (2, 2))
+    assert note == "" and maps[0] is None and maps[1] is not None
+    assert maps[1].cosine.shape == (2, 2) and float(maps[1].cosine.min()) >= 0.999999

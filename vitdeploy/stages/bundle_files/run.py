@@ -1126,7 +1126,7 @@ def _main(argv: list[str] | None = None) -> int:
     edited = verify_listed_files(info, list(info["artifacts"])) if args.check else []
     if edited:  # files a user may edit (README, Triton/DeepStream configs): said, the check does not read them
         print(f"warning: edited since the bundle was made (their SHA-256 differs from manifest.json's bundle.files): "
-              f"{', '.join(map(safe, edited))}; the check does not depend on them", file=sys.stderr)
+              f"{', '.join(map(safe, edited))}", file=sys.stderr)
     ov = openvino_for(art, args.backend)
     out_name = art["output"].get("name") if isinstance(art.get("output"), dict) else None
     model: OrtModel | OvModel | TrtModel = (open_engine(entry["engine"], args.dla_core, out_name) if entry
