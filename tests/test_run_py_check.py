@@ -390,6 +390,10 @@ def test_tensorrt_runner_returns_every_output_by_name(mocked_trt: Any, tmp_path:
         np.testing.assert_allclose(t, tokens[:5], rtol=1e-6, atol=1e-6)
     assert not [c for c in calls if c[0] == "execute-refused"]  # every output had an address on every call
     assert fake_cuda.blocks == {}  # close() freed every output's device and host memory
+    with open_runner(src) as r:  # every runner answers the same call: ONNX Runtime here
+        outs = r.run_outputs(x)
+        assert list(outs) == ["embedding", "patch_tokens"]
+        np.testing.assert_allclose(outs["patch_tokens"], tokens, rtol=1e-6, atol=1e-6)
 
 
 def test_tensorrt_runner_reads_the_main_output_by_name_not_by_position(mocked_trt: Any, tmp_path: Path) -> None:
