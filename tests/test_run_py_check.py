@@ -393,7 +393,8 @@ def test_tensorrt_runner_returns_every_output_by_name(mocked_trt: Any, tmp_path:
     with open_runner(src) as r:  # every runner answers the same call: ONNX Runtime here
         outs = r.run_outputs(x)
         assert list(outs) == ["embedding", "patch_tokens"]
-        np.testing.assert_allclose(outs["patch_tokens"], tokens, rtol=1e-6, atol=1e-6)
+        # its own session options (threads, graph optimisations) sum in another order: float32 rounding apart
+        np.testing.assert_allclose(outs["patch_tokens"], tokens, rtol=1e-5, atol=1e-5)
 
 
 def test_tensorrt_runner_reads_the_main_output_by_name_not_by_position(mocked_trt: Any, tmp_path: Path) -> None:
