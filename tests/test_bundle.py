@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import hashlib
 import json
 import os
 import shutil
@@ -210,7 +211,13 @@ def test_run_py_check_passes_and_fails_when_logits_differ(bundle_dir: Path, tmp_
     shutil.copytree(bundle_dir, bad)
     prec = res["precision"]
     ref = np.load(bad / "reference" / f"logits.{prec}.npy")
-    np.save(bad / "reference" / f"logits.{prec}.npy", ref[::-1].copy())
+    rel = f"reference/logits.{prec}.npy"
+    np.save(bad / rel, ref[::-1].copy())
+    r2 = run_py(bad, *args, tmp=tmp_path)  # first: not the file the bundle was made with (its SHA-256)
+    assert r2.returncode == 1 and r2.stdout == "" and f"error: {rel} is not the file this bundle was made with" in r2.stderr
+    m = json.loads((bad / "manifest.json").read_text())  # its record re-written to agree: the judgement fails it
+    m["bundle"]["files"][rel] = hashlib.sha256((bad / rel).read_bytes()).hexdigest()
+    (bad / "manifest.json").write_text(json.dumps(m))
     r2 = run_py(bad, *args, tmp=tmp_path)
     assert r2.returncode == 1 and not json.loads(r2.stdout)["ok"]
 

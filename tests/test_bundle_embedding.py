@@ -10,6 +10,7 @@ run.py runs as its own process with torch and vitdeploy made unimportable, as on
 from __future__ import annotations
 
 import configparser
+import hashlib
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from helpers import HostCuda, load_run_py, ort_run
 from tritonclient.grpc import model_config_pb2
 from trt_mock import fake_tensorrt
 
+from vitdeploy.checks.device_check import NORM_TOLERANCE
 from vitdeploy.checks.judge import embedding_budget
 from vitdeploy.core.artifact import read_onnx_manifest
 from vitdeploy.core.preprocess import list_images, preprocess_file
@@ -103,7 +105,8 @@ def test_bundle_records_reference_embeddings_and_gates_from_the_judge(emb_bundle
         e = np.load(emb_bundle / ref["embeddings"][prec])
         assert e.shape == (12, DIM) and np.isfinite(e).all()
         b = embedding_budget(prec)
-        assert ref["check"][prec] == {"min_cosine": b.min_cosine, "min_cosine_p1": b.min_cosine_p1}
+        assert ref["check"][prec] == {"min_cosine": b.min_cosine, "min_cosine_p1": b.min_cosine_p1,
+                                      "max_norm_rel_err": NORM_TOLERANCE[prec]}
     for name, art in m["bundle"]["artifacts"].items():
         assert art["output"] == {"name": "embedding", "kind": "embedding"}, name
     assert not (emb_bundle / "labels.txt").exists() and not list(emb_bundle.rglob("labels.txt"))
@@ -177,6 +180,16 @@ def test_run_py_check_fails_when_the_reference_is_tampered_with(emb_bundle: Path
     bad = good.copy()
     bad[3] = -bad[3]  # one image's vector turned around: its cosine is -1
     np.save(ref, bad)
+    r = run_py(b, "--check", "--json", tmp=tmp_path)  # first: not the file the bundle was made with (its SHA-256)
+    assert r.returncode == 1 and r.stdout == "" and "is not the file this bundle was made with" in r.stderr
+    rel = ref.relative_to(b).as_posix()
+
+    def rehash() -> None:  # manifest.json's record re-written to agree with the file: the judgement must fail it
+        m = manifest(b)
+        m["bundle"]["files"][rel] = hashlib.sha256(ref.read_bytes()).hexdigest()
+        (b / "manifest.json").write_text(json.dumps(m))
+
+    rehash()
     r = run_py(b, "--check", "--json", tmp=tmp_path)
     res = json.loads(r.stdout)
     assert r.returncode == 1 and not res["ok"] and res["cosine_min"] == pytest.approx(-1.0, abs=1e-5), res
@@ -185,10 +198,12 @@ def test_run_py_check_fails_when_the_reference_is_tampered_with(emb_bundle: Path
     rng = np.random.default_rng(0)
     noise = rng.standard_normal(good.shape).astype(np.float32)
     noise *= 0.3 * np.linalg.norm(good, axis=1, keepdims=True) / np.linalg.norm(noise, axis=1, keepdims=True)
-    np.save(ref, good + noise)
+    np.save(ref, (good + noise).astype(np.float32))
+    rehash()
     r = run_py(b, "--check", tmp=tmp_path)
     assert r.returncode == 1 and r.stdout.startswith("FAILED") and "Traceback" not in r.stderr
     np.save(ref, good)
+    rehash()
     assert run_py(b, "--check", tmp=tmp_path).returncode == 0
     # the gates are the manifest's: a damaged gate entry is one line, exit 1
     m = manifest(b)

@@ -162,6 +162,14 @@ def test_labels_that_do_not_name_every_class_are_one_line(copy: Path, capsys: py
 def test_reference_logits_of_another_shape_are_one_line(copy: Path, capsys: pytest.CaptureFixture) -> None:
     np.save(copy / "reference" / "logits.fp32.npy", np.zeros((4, 3), np.float32))
     code, err, _ = run(copy, "--check", capsys=capsys)
+    assert code == 1 and "reference/logits.fp32.npy is not the file this bundle was made with" in one_line(err)
+    # with manifest.json's SHA-256 re-written to agree (a bundle made wrong, not damaged): the shape is named
+    import hashlib
+
+    m = json.loads((copy / "manifest.json").read_text())
+    m["bundle"]["files"]["reference/logits.fp32.npy"] = hashlib.sha256((copy / "reference" / "logits.fp32.npy").read_bytes()).hexdigest()
+    (copy / "manifest.json").write_text(json.dumps(m))
+    code, err, _ = run(copy, "--check", capsys=capsys)
     assert code == 1 and "shape (4, 3)" in one_line(err) and "(4, 5)" in err[0]
 
 

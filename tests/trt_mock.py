@@ -23,7 +23,9 @@ Behaviour the dumps cannot show is the mock's own, and says so (it proves our si
 * the parser RECORDS the file it is given and judges nothing (``parser_errors=[...]`` makes it fail with those);
   the network gets one layer per ONNX node, named after it;
 * the "plan" is JSON (ONNX path, profile, DLA core, version); the "engine" runs the ONNX with ONNX Runtime,
-  reading and writing the addresses the caller set; a plan of another version does not deserialize (None);
+  reading and writing the addresses the caller set; every output of the ONNX is an output of the engine, and
+  execute_async_v3 fails (False) while one of them has no address, as TensorRT's enqueue does; a plan of another
+  version does not deserialize (None);
 * a timing cache this mock did not write for this version comes back None from ``create_timing_cache``.
 """
 
@@ -714,23 +716,27 @@ def _behaviour(trt: MockModule, mock: Mock, enums: dict[str, type], classes: dic
             import onnxruntime as ort
 
             sess = ort.InferenceSession(plan["onnx"], providers=["CPUExecutionProvider"])
-            return new("ICudaEngine", plan=plan, session=sess, inp=sess.get_inputs()[0], out=sess.get_outputs()[0])
+            return new("ICudaEngine", plan=plan, session=sess, inp=sess.get_inputs()[0], outs=sess.get_outputs())
 
     def dims(shape: Any) -> Any:
         return classes["Dims"](list(shape))
 
+    def tensor(engine: Any, name: Any) -> Any:
+        """The ONNX input or output an engine's I/O tensor name stands for (every output of the graph is one)."""
+        return next(t for t in (engine._m_inp, *engine._m_outs) if t.name == name)
+
     class ICudaEngine:
-        num_io_tensors = property(lambda self: 2)
+        num_io_tensors = property(lambda self: 1 + len(self._m_outs))
 
         def get_tensor_name(self: Any, index: Any) -> str:
-            return str([self._m_inp.name, self._m_out.name][int(index)])
+            return str([self._m_inp.name, *(o.name for o in self._m_outs)][int(index)])
 
         def get_tensor_mode(self: Any, name: Any) -> Any:
             mode = enums["TensorIOMode"].__members__  # type: ignore[attr-defined]
             return mode["INPUT"] if name == self._m_inp.name else mode["OUTPUT"]
 
         def get_tensor_dtype(self: Any, name: Any) -> Any:
-            t = self._m_inp.type if name == self._m_inp.name else self._m_out.type
+            t = tensor(self, name).type
             return dt.__members__[ONNX_DT[t]]  # type: ignore[attr-defined]
 
         def get_tensor_profile_shape(self: Any, name: Any, profile_index: Any) -> list:
@@ -758,7 +764,7 @@ def _behaviour(trt: MockModule, mock: Mock, enums: dict[str, type], classes: dic
             e = self._m_engine
             if name == e._m_inp.name:
                 return dims(self._m_shape)
-            return dims((self._m_shape[0], int(e._m_out.shape[1])))
+            return dims((self._m_shape[0], *(int(d) for d in tensor(e, name).shape[1:])))
 
         def set_tensor_address(self: Any, name: Any, memory: Any) -> bool:
             self._m_addr[name] = int(memory)
@@ -769,8 +775,13 @@ def _behaviour(trt: MockModule, mock: Mock, enums: dict[str, type], classes: dic
             in_t = np.dtype(NP[ONNX_DT[e._m_inp.type]])
             n = int(np.prod(self._m_shape)) * in_t.itemsize
             x = np.frombuffer(ctypes.string_at(self._m_addr[e._m_inp.name], n), in_t).reshape(self._m_shape)
-            y = np.ascontiguousarray(e._m_session.run(None, {e._m_inp.name: x})[0], NP[ONNX_DT[e._m_out.type]])
-            ctypes.memmove(self._m_addr[e._m_out.name], y.ctypes.data, y.nbytes)
+            missing = [o.name for o in e._m_outs if o.name not in self._m_addr]
+            if missing:  # TensorRT: every I/O tensor needs an address before enqueue (it fails, and logs which)
+                calls.append(("execute-refused", tuple(missing)))
+                return False
+            for o, y in zip(e._m_outs, e._m_session.run(None, {e._m_inp.name: x}), strict=True):
+                y = np.ascontiguousarray(y, NP[ONNX_DT[o.type]])
+                ctypes.memmove(self._m_addr[o.name], y.ctypes.data, y.nbytes)
             calls.append(("execute", self._m_shape[0], int(stream_handle)))
             return True
 

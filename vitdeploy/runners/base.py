@@ -34,6 +34,17 @@ class Runner(ABC):
         every command reads; verify asks this for its per-patch cosine map."""
         return self(batch), None
 
+    def run_outputs(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+        """Every output by name, the main one first: the task's (logits or embedding) and ``patch_tokens`` where this
+        artifact has them. The TensorRT runner answers every output of its engine here."""
+        from vitdeploy.core.task import TOKENS_OUTPUT, task_of
+
+        first, tokens = self.run_with_tokens(batch)
+        out = {task_of(self.manifest).output: first}
+        if tokens is not None:
+            out[TOKENS_OUTPUT] = tokens
+        return out
+
     @property
     def max_batch(self) -> int | None:
         """The largest batch one call takes (None: any); larger batches are split by ``__call__``."""

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from vitdeploy.checks.compare import run_arrays, same_model
+from vitdeploy.checks.device_check import norm_failure, norm_tolerance, reference_tokens
 from vitdeploy.checks.judge import EmbeddingJudge, judge_for
 from vitdeploy.checks.metrics import compare, require_finite
 from vitdeploy.core.artifact import OnnxArtifact
@@ -69,7 +70,8 @@ def check_thresholds(judge: EmbeddingJudge | None, precision: str) -> Any:
     if judge is None:
         return CHECK_TOLERANCE[precision]
     b = judge.budget(precision)
-    return {"min_cosine": b.min_cosine, "min_cosine_p1": b.min_cosine_p1}
+    return {"min_cosine": b.min_cosine, "min_cosine_p1": b.min_cosine_p1,
+            "max_norm_rel_err": norm_tolerance(precision)}  # each vector's norm (checks/device_check.py)
 
 
 def below_check(judge: EmbeddingJudge | None, precision: str, reference: np.ndarray, got: np.ndarray) -> str | None:
@@ -85,7 +87,7 @@ def below_check(judge: EmbeddingJudge | None, precision: str, reference: np.ndar
     if e.cosine_mean < t["min_cosine"] or e.cosine_p1 < t["min_cosine_p1"]:
         return (f"per-image cosine to the reference embeddings mean {e.cosine_mean:.5f}, p1 {e.cosine_p1:.5f}, below "
                 f"run.py --check's {t['min_cosine']}/{t['min_cosine_p1']}")
-    return None
+    return norm_failure(precision, reference, got)
 
 
 @dataclass
@@ -590,6 +592,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
 
     x = np.stack([to_array(Image.fromarray(a), pp) for a in images])
     ref_logits: dict[str, str] = {}
+    ref_tokens: dict[str, str] = {}  # an export with --tokens: reference/patch_tokens.<precision>.npy
     ref_runner: dict[str, str] = {}
     embed_err: dict[str, float] = {}
     logits_of: dict[str, np.ndarray] = {}
@@ -601,6 +604,11 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
         rel = f"reference/{what}.{prec}.npy"
         np.save(root / rel, logits)
         ref_logits[prec] = rel
+        tokens = reference_tokens(runner, x) if task.tokens else None
+        if tokens is not None:
+            require_finite(tokens, src.name)
+            ref_tokens[prec] = f"reference/patch_tokens.{prec}.npy"
+            np.save(root / ref_tokens[prec], tokens)
         ref_runner[prec] = runner.backend
         logits_of[prec] = logits
         embed_err[prec] = _embed_check(root, src.name, arts[prec], artifacts, images, x,
@@ -683,6 +691,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
                 "images": [f"reference/images/{f.name}" for f in ref_files],
                 "source": ref_source,
                 what: ref_logits,
+                **({"patch_tokens": ref_tokens} if ref_tokens else {}),
                 "runner": ref_runner,
                 # run.py --check's gates, per precision: a classifier's relative tolerance, an embedding model's cosine
                 ("check" if task.is_embedding else "tolerance"): (
@@ -755,7 +764,10 @@ def embedding_readme(task: Any) -> str:
         "labels. `python3 run.py IMAGES` prints each image's vector (its first values and L2 norm) and\n"
         "`--out emb.npy` saves them all ([N, D] float32) with their file names in `emb.files.txt`, one a line;\n"
         "`python3 run.py --check` compares the engine with `reference/embeddings.<precision>.npy` by per-image\n"
-        "cosine (mean, 1st percentile, minimum) against the gates in `manifest.json` (`bundle.reference.check`).\n"
+        "cosine (mean, 1st percentile, minimum) and by each vector's norm against the gates in `manifest.json`\n"
+        "(`bundle.reference.check`)"
+        + (", and its `patch_tokens` with `reference/patch_tokens.<precision>.npy`, token by token;\n`--out` saves "
+           "them too (`emb.patch_tokens.npy`)" if task.tokens else "") + ".\n"
         "`cpp/build/classify ENGINE IMAGES [--out emb.npy]` prints and saves the same. Triton's `config.pbtxt`\n"
         "declares the output tensors with their dims (no `label_filename`); DeepStream's config is `network-type=100`\n"
         "with `output-tensor-meta=1`: nvinfer attaches the tensors to each frame/object as `NvDsInferTensorMeta`.\n"

@@ -12,7 +12,7 @@ from typing import Any
 from vitdeploy.core.artifact import OnnxArtifact
 from vitdeploy.core.errors import VitdeployError
 from vitdeploy.core.manifest import Manifest
-from vitdeploy.core.task import task_of
+from vitdeploy.core.task import TOKENS_OUTPUT, task_of
 from vitdeploy.core.text import label_problem
 
 TEMPLATES = Path(__file__).with_name("bundle_files")
@@ -197,6 +197,8 @@ def cpp_config(manifest: Manifest, default_model: str) -> str:
     }
     if task.is_embedding:
         facts.update({"task": task.kind, "output": task.output, "embedding_dim": task.dim})
+        if task.tokens:  # an export with --tokens: the example saves the patch tokens too (--out: FILE.patch_tokens.npy)
+            facts["tokens"] = TOKENS_OUTPUT
     else:
         facts.update({"num_classes": manifest.num_classes, "labels": "../labels.txt"})
     facts.update({"engine": "../" + str(Path(default_model).with_suffix(".engine")), "batch": 8})

@@ -4,11 +4,16 @@ The sidecar is checked against this TensorRT and this GPU before the plan is des
 engine from another device is a clear "rebuild it here" error, never a segfault. Buffers (device and
 page-locked host) are allocated once per batch shape and reused; everything runs on the runner's own
 stream through ``set_input_shape`` / ``set_tensor_address`` / ``execute_async_v3`` (TensorRT 8.5 … 11).
+
+An engine may have several outputs (an embedding model exported with ``--tokens``: ``embedding`` and
+``patch_tokens``). ``run`` returns the main one (the task's output, by name), as every runner does;
+``run_outputs`` returns every output by name, and ``run_with_tokens`` (verify's per-patch map) reads the patch tokens
+from it. Every output gets device and pinned host memory; only what is asked for is copied back.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +21,7 @@ import numpy as np
 
 from vitdeploy.core.artifact import read_manifest
 from vitdeploy.core.errors import VitdeployError
+from vitdeploy.core.task import TOKENS_OUTPUT, task_of
 from vitdeploy.runners.base import Runner
 from vitdeploy.runners.tensorrt.versions import read_record, record_profile, require_compatible
 
@@ -33,6 +39,8 @@ class _Buffers:
     h_out: int
     host_in: np.ndarray
     host_out: np.ndarray
+    # the outputs other than the main one, by name: (device pointer, pinned host pointer, host view)
+    extra: dict[str, tuple[int, int, np.ndarray]] = field(default_factory=dict)
 
 
 def padded_batch(n: int, min_batch: int, max_batch: int) -> int:
@@ -98,13 +106,16 @@ class TensorRTRunner(Runner):
             (inputs if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT else outputs).append(name)
         if len(inputs) != 1 or not outputs:
             raise VitdeployError(f"{path}: expected one input and logits out, found inputs {inputs}, outputs {outputs}")
-        self.input_name, self.output_name = inputs[0], outputs[0]
-        self.extra_outputs = outputs[1:]
+        # the main output is the task's (embedding, logits) by name, not the first the plan lists: an engine built
+        # with --tokens has patch_tokens beside it, and the order of a plan's outputs is TensorRT's to choose
+        main = task_of(self.manifest).output
+        self.input_name, self.output_name = inputs[0], main if main in outputs else outputs[0]
+        self.output_names = [self.output_name] + [o for o in outputs if o != self.output_name]
+        self.extra_outputs = self.output_names[1:]
         self.input_dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(self.input_name)))
         self.output_dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(self.output_name)))
         self.stream = self.cuda.stream_create()
         self._buffers: dict[int, _Buffers] = {}
-        self._extra: dict[tuple[int, str], int] = {}
 
     @property
     def max_batch(self) -> int | None:
@@ -128,18 +139,43 @@ class TensorRTRunner(Runner):
         d_in, d_out, h_in, h_out = cu.malloc(nin), cu.malloc(nout), cu.malloc_host(nin), cu.malloc_host(nout)
         b = _Buffers(n, in_shape, out_shape, d_in, d_out, h_in, h_out,
                      host_array(h_in, in_shape, self.input_dtype), host_array(h_out, out_shape, self.output_dtype))
-        for name in self.extra_outputs:  # outputs other than the logits still need somewhere to go
+        self._buffers[n] = b  # before the extras: close() frees whatever was allocated if one of them fails
+        for name in self.extra_outputs:  # every other output (patch_tokens): device memory and a host copy
             d = self.context.get_tensor_shape(name)
+            shape = tuple(int(d[i]) for i in range(len(d)))
             dt = np.dtype(_nptype(self.engine.get_tensor_dtype(name)))
-            self._extra[(n, name)] = cu.malloc(int(np.prod([d[i] for i in range(len(d))])) * dt.itemsize)
-        self._buffers[n] = b
+            nbytes = int(np.prod(shape)) * dt.itemsize
+            dev = cu.malloc(nbytes)
+            host = cu.malloc_host(nbytes)
+            b.extra[name] = (dev, host, host_array(host, shape, dt))
         return b
 
     def run(self, batch: np.ndarray) -> np.ndarray:
+        """The main output (the task's: logits or embedding) of a batch, as every runner's ``run``."""
         x = self.check_input(batch)
-        n = len(x)
-        if n == 0:
+        if len(x) == 0:
             return np.zeros((0, self.manifest.num_classes), np.float32)
+        return self._execute(x, ())[self.output_name]
+
+    def run_outputs(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+        """Every output of the engine by name, the main one first (float32 copies, ``max_batch`` split as
+        ``__call__`` does): an engine built from an export with --tokens answers ``patch_tokens`` here too."""
+        x = self.check_input(batch)
+        mb = self.max_batch or max(len(x), 1)
+        parts = [self._execute(x[i : i + mb], self.extra_outputs) for i in range(0, len(x), mb)]
+        if not parts:
+            return {self.output_name: np.zeros((0, self.manifest.num_classes), np.float32)}
+        return {name: np.concatenate([p[name] for p in parts]) for name in self.output_names}
+
+    def run_with_tokens(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        if TOKENS_OUTPUT not in self.extra_outputs:
+            return super().run_with_tokens(batch)
+        outs = self.run_outputs(batch)
+        return outs[self.output_name], outs[TOKENS_OUTPUT]
+
+    def _execute(self, x: np.ndarray, extras: tuple[str, ...] | list[str]) -> dict[str, np.ndarray]:
+        """One call of at most ``max_batch`` images: the main output and the ``extras`` asked for, by name."""
+        n = len(x)
         m = padded_batch(n, self.profile.min, self.profile.max)
         b = self._buffers_for(m)
         b.host_in[:n] = x  # casts to the engine's input type (float16 for an FP16-input engine)
@@ -150,16 +186,22 @@ class TensorRTRunner(Runner):
             raise VitdeployError(f"{self.artifact}: TensorRT refused input shape {b.in_shape} (profile {self.profile})")
         ctx.set_tensor_address(self.input_name, b.d_in)
         ctx.set_tensor_address(self.output_name, b.d_out)
-        for name in self.extra_outputs:
-            ctx.set_tensor_address(name, self._extra[(m, name)])
+        for name, (dev, _, _) in b.extra.items():
+            ctx.set_tensor_address(name, dev)
         from vitdeploy.runners.tensorrt.cuda import D2H, H2D
 
         cu.memcpy_async(b.d_in, b.h_in, b.host_in.nbytes, H2D, self.stream)
         if not ctx.execute_async_v3(self.stream):
             raise VitdeployError(f"{self.artifact}: TensorRT could not run a batch of {m} (see its messages above)")
         cu.memcpy_async(b.h_out, b.d_out, b.host_out.nbytes, D2H, self.stream)
+        for name in extras:
+            dev, host, view = b.extra[name]
+            cu.memcpy_async(host, dev, view.nbytes, D2H, self.stream)
         cu.stream_synchronize(self.stream)
-        return np.array(b.host_out[:n], dtype=np.float32)  # a copy: the pinned buffer is reused
+        # copies: the pinned buffers are reused
+        out = {self.output_name: np.array(b.host_out[:n], dtype=np.float32)}
+        out.update({name: np.array(b.extra[name][2][:n], dtype=np.float32) for name in extras})
+        return out
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
@@ -176,9 +218,10 @@ class TensorRTRunner(Runner):
             cu.free(b.d_out)
             cu.free_host(b.h_in)
             cu.free_host(b.h_out)
-        for p in getattr(self, "_extra", {}).values():
-            cu.free(p)
-        self._buffers, self._extra = {}, {}
+            for dev, host, _ in b.extra.values():
+                cu.free(dev)
+                cu.free_host(host)
+        self._buffers = {}
         if getattr(self, "stream", 0):
             cu.stream_destroy(self.stream)
             self.stream = 0

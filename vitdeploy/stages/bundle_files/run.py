@@ -11,7 +11,10 @@ Python 3.8+ (JetPack 5), numpy and Pillow as JetPack ships them (Pillow only to 
 
 An embedding model (its output kind in manifest.json is "embedding") has no labels: each image's vector is printed
 (its first values and L2 norm; --json: all of it) and --check compares it with the reference embeddings by per-image
-cosine (mean, 1st percentile, minimum) against the gates manifest.json's bundle.reference.check holds per precision.
+cosine (mean, 1st percentile, minimum) and by each vector's L2 norm (a vector of the wrong scale has a cosine of 1)
+against the gates manifest.json's bundle.reference.check holds per precision. A model exported with --tokens also
+answers patch_tokens: --check holds them, token by token, to the same gates against reference/patch_tokens.*.npy,
+and --out FILE.npy saves them beside the vectors as FILE.patch_tokens.npy ([N, patches, width]).
 
 The default model is the raw-pixel variant (uint8 RGB in, logits out: scaling,
 mean/std and layout are inside the graph), so this program only decodes,
@@ -23,8 +26,10 @@ runs on OpenVINO where it is installed, else on ONNX Runtime; its INT8 (-t cpu) 
 ONNX Runtime, faster there.
 
 Every failure is one line on stderr and exit 1 (2 for a wrong option); RUN_PY_DEBUG=1 shows the traceback. Every
-run first checks the model file against the SHA-256 that manifest.json records (--check: every model file), and
-runs the very bytes it hashed. Every file manifest.json names is read only when it is a relative path inside this
+run first checks the model file against the SHA-256 that manifest.json records (--check: every model and reference
+file bundle.files lists, before judging: one that differs fails, named; an edited README or Triton/DeepStream config
+is named as a warning), and runs the very bytes it hashed. A reference array that is not float32 or not finite is
+named as a damaged file. Every file manifest.json names is read only when it is a relative path inside this
 folder, a regular file, and not larger than a bundle file may be (the rule `vitdeploy info` and build_engine.sh
 apply). Images are decoded one batch at a time.
 """
@@ -286,6 +291,11 @@ class OrtModel:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(self.session.run(None, {self.input: x})[0], np.float32)
 
+    def outputs(self, x: np.ndarray) -> dict:
+        """Every output by name (an embedding model exported with --tokens: embedding and patch_tokens)."""
+        names = [o.name for o in self.session.get_outputs()]
+        return {n: np.asarray(v, np.float32) for n, v in zip(names, self.session.run(names, {self.input: x}))}  # noqa: B905
+
 
 class OvModel:
     """OpenVINO on the CPU, float32 float parts (as the model was judged): where it is installed, auto runs a model
@@ -305,10 +315,16 @@ class OvModel:
             raise SystemExit(f"error: {path.name}: OpenVINO cannot load it ({type(e).__name__}: {_first_line(e)}): "
                              "copy the bundle again, or run it with --backend onnxruntime") from None
         self.request = compiled.create_infer_request()
+        self.names = [o.get_any_name() for o in compiled.outputs]
         self.max_batch = None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(self.request.infer({0: x})[0], np.float32)
+
+    def outputs(self, x: np.ndarray) -> dict:
+        """Every output by name, as OrtModel.outputs."""
+        res = self.request.infer({0: x})
+        return {n: np.asarray(res[i], np.float32) for i, n in enumerate(self.names)}
 
 
 CPU_TARGETS = ("cpu", "ort", "openvino")  # vitdeploy's CPU targets (ort: cpu's old name)
@@ -437,9 +453,9 @@ class TrtModel:
                                f"CUDA failed): free GPU memory and try again; {DRIVER_ADVICE}")
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        self.outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        self.output_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
         # the output the manifest names (an embedding model exported with --tokens has patch_tokens beside it)
-        self.output = output if output in self.outputs else self.outputs[0]
+        self.output = output if output in self.output_names else self.output_names[0]
         prof = self.engine.get_tensor_profile_shape(self.inputs[0], 0)
         self.min_batch, self.max_batch = int(prof[0][0]), int(prof[2][0])  # DLA: min = max, one fixed batch
         self.stream = self.cuda.stream()
@@ -465,6 +481,10 @@ class TrtModel:
             return {"status": "unknown", "reason": f"the engine inspector failed ({type(e).__name__})"}
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.outputs(x)[self.output]
+
+    def outputs(self, x: np.ndarray) -> dict:
+        """Every output of the engine by name (an engine built with --tokens: embedding and patch_tokens)."""
         trt, cuda = self.trt, self.cuda
         name = self.inputs[0]
         n = len(x)
@@ -481,7 +501,7 @@ class TrtModel:
             cuda.copy(d_in, x.ctypes.data, x.nbytes, cuda.H2D, self.stream)
             self.context.set_tensor_address(name, d_in)
             outs = {}
-            for o in self.outputs:
+            for o in self.output_names:
                 shape = tuple(self.context.get_tensor_shape(o))
                 host = np.empty(shape, dtype=trt.nptype(self.engine.get_tensor_dtype(o)))
                 d = cuda.malloc(host.nbytes)
@@ -493,7 +513,7 @@ class TrtModel:
             for host, d in outs.values():
                 cuda.copy(host.ctypes.data, d, host.nbytes, cuda.D2H, self.stream)
             cuda.sync(self.stream)
-            return np.asarray(outs[self.output][0][:n], np.float32)
+            return {o: np.asarray(host[:n], np.float32) for o, (host, _) in outs.items()}
         finally:
             for b in bufs:
                 cuda.free(b)
@@ -640,6 +660,13 @@ def run_batches(model: OrtModel | OvModel | TrtModel, x: np.ndarray, batch: int)
     return np.concatenate([model(x[i : i + b]) for i in range(0, len(x), b)])
 
 
+def run_batches_all(model: OrtModel | OvModel | TrtModel, x: np.ndarray, batch: int) -> dict:
+    """Every output of the model by name over ``x``, in batches (run_batches for all outputs)."""
+    b = min(batch, model.max_batch or batch)
+    parts = [model.outputs(x[i : i + b]) for i in range(0, len(x), b)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}
+
+
 def decoded_batches(files: list[Path], pp: dict, batch: int) -> Iterator[tuple[list[Path], np.ndarray]]:
     """(files, uint8 NHWC images) per ``batch`` files, decoded only when the batch is asked for (bounded memory);
     an unreadable file is named on stderr and left out."""
@@ -706,6 +733,111 @@ def verify_files(info: dict, names: list[str], keep: str | None = None) -> bytes
         if rel == keep:
             kept = data
     return kept
+
+
+def sha256_of(rel: str) -> str:
+    """The SHA-256 of a bundle file, read in chunks through one descriptor (a model may be gigabytes)."""
+    path = bundle_file(rel)
+    h = hashlib.sha256()
+    fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SystemExit(f"error: manifest.json lists {safe(rel)!r}: not a regular file: copy the bundle again")
+        for chunk in iter(lambda: f.read(READ_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def must_match(rel: str, info: dict) -> bool:
+    """Whether a listed file decides what --check judges (a model, a reference array or image): it must be the very
+    file the bundle was made with. The rest (README, Triton and DeepStream configs, labels.txt, the C++ example, these
+    scripts) a user may edit: named as edited, a warning."""
+    return rel in info["artifacts"] or rel.endswith(".onnx") or rel.startswith("reference/")
+
+
+def verify_listed_files(info: dict, hashed: list[str]) -> list[str]:
+    """Before judging: every model and reference file manifest.json's bundle.files lists (rel -> SHA-256) is the file
+    the bundle was made with, or one line naming it (exit 1); returns the other listed files that were edited or
+    removed (a warning). ``hashed``: files verify_files checked already. A bundle without the list: nothing to check."""
+    listed = info.get("files")
+    if not isinstance(listed, dict):
+        return []
+    edited = []
+    for rel, want in sorted(listed.items()):
+        if rel in hashed or not isinstance(rel, str) or not isinstance(want, str):
+            continue
+        if must_match(rel, info):
+            if sha256_of(rel) != want:
+                raise SystemExit(f"error: {safe(rel)} is not the file this bundle was made with (its SHA-256 differs "
+                                 "from manifest.json's bundle.files): an edited or damaged copy; copy the bundle again")
+            continue
+        p = HERE / rel
+        if not (p.exists() or os.path.islink(p)):
+            edited.append(f"{rel} (removed)")
+            continue
+        try:
+            same = sha256_of(rel) == want
+        except SystemExit:  # a link out of the bundle, a FIFO in its place: not the file listed
+            same = False
+        if not same:
+            edited.append(rel)
+    return edited
+
+
+def load_reference(rel: object) -> np.ndarray:
+    """A reference array (outputs the bundle computed): float32 and finite as vitdeploy wrote it, or one line naming
+    the file as damaged (a NaN would read as a cosine of 0, a float16 cast as a model that drifted)."""
+    a = load_npy(rel)
+    if a.dtype != np.float32:
+        raise SystemExit(f"error: {safe(rel)} holds {a.dtype} values, not the float32 the bundle wrote: a damaged or "
+                         "edited reference; copy the bundle again")
+    bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+    if bad:
+        raise SystemExit(f"error: {safe(rel)}: {bad} of its {a.size} values are not finite (NaN or infinity): a damaged "
+                         "reference file; copy the bundle again")
+    return a
+
+
+# run.py --check's gate on each vector's L2 norm, relative to the reference's, where manifest.json's gates do not say
+# (bundles made before the gate): vitdeploy's checks/device_check.py NORM_TOLERANCE (a test holds the two equal)
+NORM_TOLERANCE = {"fp32": 0.01, "fp16": 0.01, "int8": 0.05}
+
+
+def norm_rel_err(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Per row: |‖got‖ − ‖ref‖| / ‖ref‖ in float64 (a zero reference row: 0 when got is zero too, else infinite)."""
+    g = np.linalg.norm(np.asarray(got, np.float64), axis=1)
+    r = np.linalg.norm(np.asarray(ref, np.float64), axis=1)
+    d = np.abs(g - r)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(r > 0, d / np.where(r > 0, r, 1.0), np.where(d > 0, np.inf, 0.0))
+    return np.where(np.isfinite(g), out, np.inf)
+
+
+def norm_gate(info: dict, prec: str) -> float:
+    """The largest relative norm error --check allows for ``prec``: manifest.json's, else NORM_TOLERANCE."""
+    g = ((info.get("reference") or {}).get("check") or {}).get(prec)
+    v = g.get("max_norm_rel_err") if isinstance(g, dict) else None
+    if v is None:
+        return NORM_TOLERANCE.get(prec, NORM_TOLERANCE["int8"])
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if not 0.0 < v < 1.0:
+        raise SystemExit(f"error: manifest.json's norm gate for {prec} ({safe(v)}) is not in (0, 1): copy the bundle again")
+    return v
+
+
+def judge_vectors(got: np.ndarray, ref: np.ndarray, gate_mean: float, gate_p1: float, gate_norm: float) -> dict:
+    """Rows of ``got`` against ``ref``: per-row cosine (mean, 1st percentile, minimum) and relative norm error (the
+    largest); passes when the cosine gates hold and every row's norm is within ``gate_norm`` of the reference's."""
+    cos = cosine_rows(got, ref)
+    nerr = norm_rel_err(got, ref)
+    mean, p1, low = float(cos.mean()), float(np.percentile(cos, 1)), float(cos.min())
+    worst = float(nerr.max()) if nerr.size else 0.0
+    ok = mean >= gate_mean and p1 >= gate_p1 and worst <= gate_norm
+    return {"cosine_mean": mean, "cosine_p1": p1, "cosine_min": low, "norm_rel_err_max": worst if math.isfinite(worst)
+            else None, "max_norm_rel_err": gate_norm, "ok": ok}
 
 
 def read_manifest() -> tuple[dict, dict, dict, list]:
@@ -807,18 +939,52 @@ def check_embeddings(model: Any, art: dict, info: dict, pp: dict, manifest: dict
         ref_rel = info["reference"]["embeddings"][prec]
     except (KeyError, TypeError):
         raise SystemExit(f"error: manifest.json names no reference embeddings for {prec}: copy the bundle again") from None
-    ref = load_npy(ref_rel)
+    ref = load_reference(ref_rel)
+    tok_refs = info["reference"].get("patch_tokens")
+    tok_rel = tok_refs.get(prec) if isinstance(tok_refs, dict) else None
+    ref_tokens = load_reference(tok_rel) if tok_rel is not None else None
     gate_mean, gate_p1 = embedding_gates(info, prec)
-    got = run_batches(model, model_input(images, art["input"], pp), batch)
+    gate_norm = norm_gate(info, prec)
+    outs = run_batches_all(model, model_input(images, art["input"], pp), batch)
+    out_name = art["output"].get("name") if isinstance(art.get("output"), dict) else None
+    got = outs[out_name] if out_name in outs else next(iter(outs.values()))  # the manifest's output, by name
     if ref.shape != got.shape or got.ndim != 2:
         raise SystemExit(f"error: {safe(ref_rel)} holds embeddings of shape {ref.shape}, the model gives {got.shape} on "
                          f"{len(images)} reference images: copy the bundle again")
     check_dim(manifest, got.shape[1])
-    cos = cosine_rows(got, ref)
-    mean, p1, low = float(cos.mean()), float(np.percentile(cos, 1)), float(cos.min())
-    ok = mean >= gate_mean and p1 >= gate_p1
-    return {"precision": prec, "images": len(images), "cosine_mean": mean, "cosine_p1": p1, "cosine_min": low,
-            "min_cosine": gate_mean, "min_cosine_p1": gate_p1, "ok": ok}
+    res = {"precision": prec, "images": len(images), "min_cosine": gate_mean, "min_cosine_p1": gate_p1,
+           **judge_vectors(got, ref, gate_mean, gate_p1, gate_norm)}
+    if ref_tokens is not None:  # the patch tokens, token by token, held to the same gates
+        tokens = outs.get(TOKENS_OUTPUT)
+        if tokens is None:
+            raise SystemExit(f"error: {safe(tok_rel)} holds reference patch tokens, but the model gives no "
+                             f"{TOKENS_OUTPUT} output (outputs: {', '.join(map(safe, outs))}): rebuild the engine from "
+                             "this bundle's model with ./build_engine.sh")
+        if tokens.shape != ref_tokens.shape or tokens.ndim != 3:
+            raise SystemExit(f"error: {safe(tok_rel)} holds patch tokens of shape {ref_tokens.shape}, the model gives "
+                             f"{tokens.shape} on {len(images)} reference images: copy the bundle again")
+        w = tokens.shape[2]
+        t = judge_vectors(tokens.reshape(-1, w), ref_tokens.reshape(-1, w), gate_mean, gate_p1, gate_norm)
+        res["patch_tokens"] = {"tokens": int(tokens.shape[0] * tokens.shape[1]), **t}
+        res["ok"] = bool(res["ok"] and t["ok"])
+    return res
+
+
+TOKENS_OUTPUT = "patch_tokens"  # the second output of an export with --tokens (vitdeploy's core/task.py)
+
+
+def check_line(r: dict) -> str:
+    """The figures of an embedding check after the cosine: the norm, and the patch tokens where checked."""
+    err = r["norm_rel_err_max"]
+    line = (f"; each vector's norm within {'inf' if err is None else f'{err:.2%}'} of the reference's (at most "
+            f"{r['max_norm_rel_err']:.0%})")
+    t = r.get("patch_tokens")
+    if t:
+        terr = t["norm_rel_err_max"]
+        line += (f"; patch tokens: {'OK' if t['ok'] else 'FAILED'}, per-token cosine mean {t['cosine_mean']:.6f}, 1st "
+                 f"percentile {t['cosine_p1']:.6f}, min {t['cosine_min']:.6f}, norm within "
+                 f"{'inf' if terr is None else f'{terr:.2%}'} on {t['tokens']} tokens")
+    return line
 
 
 HEAD_VALUES = 8  # values of each vector printed as text (--json prints all); the C++ example prints as many
@@ -853,6 +1019,36 @@ def save_outputs(out: Path, rows: list[np.ndarray], files: list[Path]) -> None:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+
+
+def tokens_name(out: Path) -> Path:
+    """The patch tokens beside --out's array, for a model exported with --tokens: emb.npy -> emb.patch_tokens.npy."""
+    return out.with_name(out.name[: -len(".npy")] + ".patch_tokens.npy")
+
+
+def save_tokens(out: Path, parts: list[np.ndarray]) -> Path:
+    """--out of a model with patch tokens: its [N, patches, width] float32 array too, written to a temporary file
+    beside it and renamed into place (as save_outputs writes the vectors)."""
+    import tempfile
+
+    dest = tokens_name(out)
+    arr = np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros((0, 0, 0), np.float32), np.float32)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=str(dest.parent))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, arr, allow_pickle=False)
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return dest
+
+
+def has_tokens(art: dict) -> bool:
+    """Whether a model of this bundle answers patch tokens too (manifest.json's outputs: an export with --tokens)."""
+    outs = art.get("outputs")
+    return isinstance(outs, list) and any(isinstance(o, dict) and o.get("name") == TOKENS_OUTPUT for o in outs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -927,6 +1123,10 @@ def _main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: manifest.json's engine entry names {safe(run_onnx)}, which is not one of its models: "
                          "copy the bundle again")
     data = verify_files(info, list(info["artifacts"]) if args.check else [run_onnx], None if entry else run_onnx)
+    edited = verify_listed_files(info, list(info["artifacts"])) if args.check else []
+    if edited:  # files a user may edit (README, Triton/DeepStream configs): said, the check does not read them
+        print(f"warning: edited since the bundle was made (their SHA-256 differs from manifest.json's bundle.files): "
+              f"{', '.join(map(safe, edited))}", file=sys.stderr)
     ov = openvino_for(art, args.backend)
     out_name = art["output"].get("name") if isinstance(art.get("output"), dict) else None
     model: OrtModel | OvModel | TrtModel = (open_engine(entry["engine"], args.dla_core, out_name) if entry
@@ -937,21 +1137,22 @@ def _main(argv: list[str] | None = None) -> int:
     embedding = is_embedding(art)
     if args.check and embedding:
         result = {"model": run_onnx, "engine": entry["engine"] if entry else None, "backend": model.backend,
-                  **check_embeddings(model, art, info, pp, manifest, args.batch)}
+                  **check_embeddings(model, art, info, pp, manifest, args.batch), "edited": edited}
         if isinstance(model, TrtModel):
             result["receipt"] = model.receipt()
         r = result
         print(json.dumps(result) if args.json else
               f"{'OK' if r['ok'] else 'FAILED'}: {safe(ran)} on {model.backend} vs reference {r['precision']} embeddings: "
               f"per-image cosine mean {r['cosine_mean']:.6f} (at least {r['min_cosine']}), 1st percentile "
-              f"{r['cosine_p1']:.6f} (at least {r['min_cosine_p1']}), min {r['cosine_min']:.6f} on {r['images']} images")
+              f"{r['cosine_p1']:.6f} (at least {r['min_cosine_p1']}), min {r['cosine_min']:.6f} on {r['images']} images"
+              + check_line(r))
         if "receipt" in result and not args.json:
             print_receipt(result["receipt"])
         return 0 if r["ok"] else 1
     if args.check:
         images = load_npy(info["reference"]["inputs"])
         prec = art["precision"]
-        ref = load_npy(info["reference"]["logits"][prec])
+        ref = load_reference(info["reference"]["logits"][prec])
         got = run_batches(model, model_input(images, art["input"], pp), args.batch)
         if ref.shape != got.shape:
             raise SystemExit(f"error: {safe(info['reference']['logits'][prec])} holds logits of shape {ref.shape}, the "
@@ -965,7 +1166,7 @@ def _main(argv: list[str] | None = None) -> int:
         ok = diff <= tol
         result = {"model": run_onnx, "engine": entry["engine"] if entry else None, "backend": model.backend,
                   "precision": prec, "images": len(images), "max_rel_diff": diff, "tolerance": tol,
-                  "top1_agreement": agree, "ok": ok}
+                  "top1_agreement": agree, "ok": ok, "edited": edited}
         if isinstance(model, TrtModel):
             result["receipt"] = model.receipt()
         print(json.dumps(result) if args.json else
@@ -980,6 +1181,8 @@ def _main(argv: list[str] | None = None) -> int:
         ap.error("give image files or folders (or --check)")
     status, done, checked = 0, 0, False
     saved_rows: list[np.ndarray] = []
+    saved_tokens: list[np.ndarray] = []
+    tokens_too = out_path is not None and has_tokens(art)  # --out of an export with --tokens: saved beside it
     saved_files: list[Path] = []
     for ok_files, batch in decoded_batches(files, pp, args.batch):
         if len(ok_files) < min(args.batch, len(files) - done):
@@ -987,7 +1190,16 @@ def _main(argv: list[str] | None = None) -> int:
         done += min(args.batch, len(files) - done)
         if not ok_files:
             continue
-        out = run_batches(model, model_input(batch, art["input"], pp), args.batch)
+        if tokens_too:
+            outs = run_batches_all(model, model_input(batch, art["input"], pp), args.batch)
+            main_name = art["output"].get("name") if isinstance(art.get("output"), dict) else None
+            out = outs[main_name] if main_name in outs else next(iter(outs.values()))
+            if TOKENS_OUTPUT not in outs:
+                raise SystemExit(f"error: {safe(ran)} gives no {TOKENS_OUTPUT} output, though manifest.json lists one: "
+                                 "rebuild the engine from this bundle's model with ./build_engine.sh")
+            saved_tokens.append(outs[TOKENS_OUTPUT])
+        else:
+            out = run_batches(model, model_input(batch, art["input"], pp), args.batch)
         if not checked:
             if embedding:
                 check_dim(manifest, out.shape[1])
@@ -1016,6 +1228,8 @@ def _main(argv: list[str] | None = None) -> int:
         save_outputs(out_path, saved_rows, saved_files)
         print(f"saved {sum(len(r) for r in saved_rows)} rows to {safe(out_path)} and their files to "
               f"{safe(sidecar_name(out_path))}", file=sys.stderr)
+        if tokens_too:
+            print(f"saved their patch tokens to {safe(save_tokens(out_path, saved_tokens))}", file=sys.stderr)
     return status if checked else 1
 
 

@@ -5,6 +5,8 @@
 //   classify ../model.raw.engine photos/ --out emb.npy               # an embedding model (bundle.cfg task=embedding):
 //                                                                    # "path<TAB>D-d<TAB>norm N<TAB>first values" per
 //                                                                    # image; all vectors saved, names in emb.files.txt
+//                                                                    # (an export with --tokens, bundle.cfg tokens=:
+//                                                                    # its patch tokens in emb.patch_tokens.npy)
 //
 // Exit status as run.py: 0 done, 1 failed (nothing classified), 2 bad usage, 3 some images skipped.
 #include <fcntl.h>
@@ -33,7 +35,9 @@ const char* kUsage =
     "  --json      JSON lines as run.py --json              --dla-core N  run a DLA engine on core N\n"
     "  --out F.npy also save every output row (an embedding model: its vector) as one [N, D] float32 .npy,\n"
     "              and the file names in F.files.txt, one a line (as run.py --out)\n"
-    "  An embedding model (bundle.cfg task=embedding) prints each image's vector: width, L2 norm, first values.\n";
+    "  An embedding model (bundle.cfg task=embedding) prints each image's vector: width, L2 norm, first values;\n"
+    "  with patch tokens (bundle.cfg tokens=patch_tokens), --out also saves them as F.patch_tokens.npy\n"
+    "  ([N, patches, width] float32, as run.py --out).\n";
 
 struct Args {
   std::string config, labels, engine, out;
@@ -188,6 +192,8 @@ void print_vector(const std::string& path, const float* v, int n, bool json) {
 }
 
 std::string sidecar_name(const std::string& out) { return out.substr(0, out.size() - 4) + ".files.txt"; }
+// The patch tokens beside --out's array, as run.py's tokens_name: emb.npy -> emb.patch_tokens.npy.
+std::string tokens_name(const std::string& out) { return out.substr(0, out.size() - 4) + ".patch_tokens.npy"; }
 
 std::string find_config(const Args& a) {
   namespace fs = std::filesystem;
@@ -222,6 +228,9 @@ int main(int argc, char** argv) {
     opt.dla_core = args.dla_core;
     opt.verbose = args.verbose;
     opt.output = cfg.output;
+    // the patch tokens are read where they are saved: an embedding model exported with --tokens, and --out given
+    const bool tokens_too = embedding && !cfg.tokens.empty() && !args.out.empty();
+    if (tokens_too) opt.tokens = cfg.tokens;
     std::unique_ptr<vitdeploy::Classifier> model = vitdeploy::Classifier::open(args.engine, opt);
     if (model->input_height() != cfg.input_height || model->input_width() != cfg.input_width)
       throw vitdeploy::Error(args.engine + ": takes " + std::to_string(model->input_width()) + "x" + std::to_string(model->input_height()) +
@@ -253,7 +262,8 @@ int main(int argc, char** argv) {
     }
     if (images.empty()) return 1;
     const int width = model->num_classes();
-    const std::vector<float> z = model->logits(images, batch);
+    std::vector<float> tokens;
+    const std::vector<float> z = tokens_too ? model->embed_with_tokens(images, tokens, batch) : model->logits(images, batch);
     if (embedding) {
       for (size_t i = 0; i < ok_files.size(); ++i) print_vector(ok_files[i], &z[i * width], width, args.json);
     }
@@ -282,6 +292,11 @@ int main(int argc, char** argv) {
       vitdeploy::write_text_file(sidecar_name(args.out), names);
       std::fprintf(stderr, "saved %zu rows to %s and their files to %s\n", ok_files.size(), escaped(args.out).c_str(),
                    escaped(sidecar_name(args.out)).c_str());
+      if (tokens_too) {
+        vitdeploy::write_npy(tokens_name(args.out), tokens,
+                             {static_cast<int>(ok_files.size()), model->token_patches(), model->token_width()});
+        std::fprintf(stderr, "saved their patch tokens to %s\n", escaped(tokens_name(args.out)).c_str());
+      }
     }
     return status;
   } catch (const std::exception& e) {

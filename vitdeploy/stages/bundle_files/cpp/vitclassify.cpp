@@ -91,6 +91,7 @@ Config read_config(const std::string& path) {
   if (c.task != "classifier" && c.task != "embedding")
     throw Error(path + ": task=" + c.task + " (expected classifier or embedding)");
   if (kv.count("output")) c.output = kv["output"];
+  if (kv.count("tokens")) c.tokens = kv["tokens"];
   if (kv.count("embedding_dim")) c.embedding_dim = to_int(path, "embedding_dim", kv["embedding_dim"]);
   if (kv.count("num_classes")) c.num_classes = to_int(path, "num_classes", kv["num_classes"]);
   if (kv.count("batch")) c.batch = to_int(path, "batch", kv["batch"]);
@@ -493,11 +494,21 @@ static void write_replacing(const std::string& path, const std::string& bytes) {
 }
 
 void write_npy(const std::string& path, const std::vector<float>& values, int rows, int cols) {
+  write_npy(path, values, std::vector<int>{rows, cols});
+}
+
+void write_npy(const std::string& path, const std::vector<float>& values, const std::vector<int>& shape) {
   const uint16_t probe = 1;
   if (*reinterpret_cast<const uint8_t*>(&probe) != 1) throw Error("write_npy: a big-endian host writes no '<f4' file");
-  if (values.size() != static_cast<size_t>(rows) * static_cast<size_t>(cols)) throw Error("write_npy: values are not rows x cols");
-  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(rows) + ", " +
-                       std::to_string(cols) + "), }";
+  size_t count = 1;
+  std::string dims;
+  for (int d : shape) {
+    count *= static_cast<size_t>(d);
+    dims += std::to_string(d) + ", ";  // Python's repr of a tuple: "(3, )" reads as (3,), "(2, 4, )" as (2, 4)
+  }
+  if (shape.empty() || values.size() != count) throw Error("write_npy: values do not fill the shape");
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + dims.substr(0, dims.size() - 2) +
+                       (shape.size() == 1 ? "," : "") + "), }";
   // magic (6) + version (2) + header length (2) + header, padded with spaces to a multiple of 64, ending in '\n'
   const size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
@@ -534,6 +545,29 @@ std::vector<float> Classifier::logits(const std::vector<Image>& images, int batc
     buf.assign(static_cast<size_t>(c.padded) * classes, 0.0f);
     run(x.data(), c.padded, buf.data());
     std::copy(buf.begin(), buf.begin() + static_cast<long>(c.count) * classes, out.begin() + static_cast<long>(c.first) * classes);
+  }
+  return out;
+}
+
+std::vector<float> Classifier::embed_with_tokens(const std::vector<Image>& images, std::vector<float>& tokens, int batch) {
+  const int n = static_cast<int>(images.size()), width = num_classes();
+  const size_t per = static_cast<size_t>(token_patches()) * static_cast<size_t>(token_width());
+  if (per == 0) throw Error("the engine was opened without its patch-token output (EngineOptions::tokens)");
+  for (const Image& im : images)
+    if (im.width != input_width() || im.height != input_height())
+      throw Error("an image of " + std::to_string(im.width) + "x" + std::to_string(im.height) + " for an engine that takes " +
+                  std::to_string(input_width()) + "x" + std::to_string(input_height()) + ": resize_crop() it first");
+  std::vector<float> out(static_cast<size_t>(n) * width);
+  tokens.assign(static_cast<size_t>(n) * per, 0.0f);
+  std::vector<float> buf, tbuf;
+  for (const Chunk& c : plan_batches(n, batch, min_batch(), max_batch())) {
+    std::vector<uint8_t> x = pack(images, c.first, c.count, c.padded);
+    buf.assign(static_cast<size_t>(c.padded) * width, 0.0f);
+    tbuf.assign(static_cast<size_t>(c.padded) * per, 0.0f);
+    run_with_tokens(x.data(), c.padded, buf.data(), tbuf.data());
+    std::copy(buf.begin(), buf.begin() + static_cast<long>(c.count) * width, out.begin() + static_cast<long>(c.first) * width);
+    std::copy(tbuf.begin(), tbuf.begin() + static_cast<long>(c.count * per),
+              tokens.begin() + static_cast<long>(c.first * per));
   }
   return out;
 }

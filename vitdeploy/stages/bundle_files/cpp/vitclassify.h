@@ -42,6 +42,7 @@ struct Config {
   // (a vector per image, no labels): the manifest's task, which decides what the example prints and saves.
   std::string task = "classifier";
   std::string output;     // the engine output to read ("embedding"; empty: the first output)
+  std::string tokens;     // the patch-token output saved beside --out (an export with --tokens: "patch_tokens")
   int embedding_dim = 0;  // an embedding model's vector width (0: not said)
   int num_classes = 0;
   std::string labels;   // path, resolved against the config's folder
@@ -95,6 +96,8 @@ double l2_norm(const float* v, int n);
 // Write rows x cols float32 values as a NumPy .npy file (format 1.0, little-endian '<f4', C order), through a
 // temporary file beside it renamed into place; numpy.load reads it. Throws Error naming the file on failure.
 void write_npy(const std::string& path, const std::vector<float>& values, int rows, int cols);
+// The same for an array of any shape (the patch tokens: [N, patches, width]).
+void write_npy(const std::string& path, const std::vector<float>& values, const std::vector<int>& shape);
 // Write text to a file through a temporary file beside it renamed into place (the --out sidecar).
 void write_text_file(const std::string& path, const std::string& text);
 // The k best classes, highest score first.
@@ -112,6 +115,7 @@ struct EngineOptions {
   int dla_core = -1;     // set on the runtime before deserializing a DLA engine, as trtexec --useDLACore does
   bool verbose = false;  // TensorRT's warnings and errors on stderr
   std::string output;    // the output to read by name (bundle.cfg's output=; an engine with patch_tokens has two)
+  std::string tokens;    // the patch-token output to read too (bundle.cfg's tokens=; empty: none)
 };
 
 // A raw-pixel engine. open() is defined in vitclassify_trt.cpp (TensorRT and CUDA).
@@ -127,11 +131,21 @@ class Classifier {
   virtual int num_classes() const = 0;
   // Run exactly n images (min_batch <= n <= max_batch), uint8 NHWC → n * num_classes() float logits (or vectors).
   virtual void run(const uint8_t* pixels, int n, float* logits) = 0;
+  // The patch tokens' [patches, width] per image where EngineOptions::tokens was read (0 and 0: none).
+  virtual int token_patches() const { return 0; }
+  virtual int token_width() const { return 0; }
+  // run() that also writes n * token_patches() * token_width() floats of patch tokens (where the engine has them).
+  virtual void run_with_tokens(const uint8_t* pixels, int n, float* logits, float* tokens) {
+    (void)tokens;
+    run(pixels, n, logits);
+  }
 
   // Logits of any number of images of the engine's input size: split and padded per plan_batches().
   std::vector<float> logits(const std::vector<Image>& images, int batch = 8);
   // An embedding model's vectors (n * num_classes() floats), computed as logits() is.
   std::vector<float> embed(const std::vector<Image>& images, int batch = 8) { return logits(images, batch); }
+  // The vectors and, in ``tokens``, the patch tokens (n * token_patches() * token_width() floats), as logits().
+  std::vector<float> embed_with_tokens(const std::vector<Image>& images, std::vector<float>& tokens, int batch = 8);
   // Softmax and the k best classes of each image.
   std::vector<std::vector<Prediction>> classify(const std::vector<Image>& images, int k = 1, int batch = 8);
 };

@@ -118,6 +118,16 @@ class TrtClassifier : public Classifier {
       if (it == outputs_.end()) throw Error(path + ": no output " + opt.output + ": an engine of another model?");
       out_ = static_cast<size_t>(it - outputs_.begin());
     }
+    if (!opt.tokens.empty()) {  // the patch tokens, read too (an export with --tokens): [batch, patches, width]
+      auto it = std::find(outputs_.begin(), outputs_.end(), opt.tokens);
+      if (it == outputs_.end())
+        throw Error(path + ": no output " + opt.tokens + ", though bundle.cfg names it: rebuild the engine from this bundle's "
+                    "model with ./build_engine.sh");
+      tok_ = static_cast<size_t>(it - outputs_.begin());
+      const nvinfer1::DataType tt = engine_->getTensorDataType(opt.tokens.c_str());
+      if (tt != nvinfer1::DataType::kFLOAT && tt != nvinfer1::DataType::kHALF)
+        throw Error(path + ": output " + opt.tokens + " is neither float32 nor float16");
+    }
     nvinfer1::Dims d = engine_->getTensorShape(input_.c_str());
     if (engine_->getTensorDataType(input_.c_str()) != nvinfer1::DataType::kUINT8 || d.nbDims != 4 || d.d[3] != 3)
       throw Error(path + ": input " + input_ + " is not uint8 [batch, H, W, 3]: build the engine from the raw-pixel ONNX (model*.raw.onnx)");
@@ -145,6 +155,13 @@ class TrtClassifier : public Classifier {
     nvinfer1::Dims od = context_->getTensorShape(outputs_[out_].c_str());
     if (od.nbDims != 2 || od.d[1] < 1) throw Error(path + ": output " + outputs_[out_] + " is not [batch, values]");
     classes_ = static_cast<int>(od.d[1]);
+    if (tok_ != kNone) {
+      nvinfer1::Dims td = context_->getTensorShape(outputs_[tok_].c_str());
+      if (td.nbDims != 3 || td.d[1] < 1 || td.d[2] < 1)
+        throw Error(path + ": output " + outputs_[tok_] + " is not [batch, patches, width]");
+      patches_ = static_cast<int>(td.d[1]);
+      tok_width_ = static_cast<int>(td.d[2]);
+    }
   }
 
   ~TrtClassifier() override {
@@ -156,8 +173,12 @@ class TrtClassifier : public Classifier {
   int input_height() const override { return height_; }
   int input_width() const override { return width_; }
   int num_classes() const override { return classes_; }
+  int token_patches() const override { return patches_; }
+  int token_width() const override { return tok_width_; }
 
-  void run(const uint8_t* pixels, int n, float* logits) override {
+  void run(const uint8_t* pixels, int n, float* logits) override { run_with_tokens(pixels, n, logits, nullptr); }
+
+  void run_with_tokens(const uint8_t* pixels, int n, float* logits, float* tokens) override {
     if (n < min_ || n > max_)
       throw Error("batch " + std::to_string(n) + " outside the engine's profile " + std::to_string(min_) + ".." + std::to_string(max_));
     nvinfer1::Dims in = engine_->getTensorShape(input_.c_str());
@@ -188,6 +209,18 @@ class TrtClassifier : public Classifier {
     if (out_bytes[out_] != values * (half ? 2 : 4)) throw Error("output " + outputs_[out_] + " is not [batch, " + std::to_string(classes_) + "]");
     for (size_t i = 0; i < values; ++i)
       logits[i] = half ? half_to_float(as_u16(&host[i * 2])) : [&] { float f; std::memcpy(&f, &host[i * 4], 4); return f; }();
+    if (tokens != nullptr && tok_ != kNone) {  // the patch tokens, copied back only when asked for
+      const bool thalf = engine_->getTensorDataType(outputs_[tok_].c_str()) == nvinfer1::DataType::kHALF;
+      const size_t tvalues = static_cast<size_t>(n) * patches_ * tok_width_;
+      if (out_bytes[tok_] != tvalues * (thalf ? 2 : 4))
+        throw Error("output " + outputs_[tok_] + " is not [batch, " + std::to_string(patches_) + ", " + std::to_string(tok_width_) + "]");
+      std::vector<uint8_t> th(out_bytes[tok_]);
+      cuda_check(cudaMemcpyAsync(th.data(), out_bufs_[tok_].ptr, out_bytes[tok_], cudaMemcpyDeviceToHost, stream_),
+                 "cudaMemcpyAsync (from the GPU)");
+      cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+      for (size_t i = 0; i < tvalues; ++i)
+        tokens[i] = thalf ? half_to_float(as_u16(&th[i * 2])) : [&] { float f; std::memcpy(&f, &th[i * 4], 4); return f; }();
+    }
   }
 
  private:
@@ -211,6 +244,9 @@ class TrtClassifier : public Classifier {
   std::string input_;
   std::vector<std::string> outputs_;
   size_t out_ = 0;  // index in outputs_ of the output read
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+  size_t tok_ = kNone;  // index in outputs_ of the patch tokens read too (kNone: not read)
+  int patches_ = 0, tok_width_ = 0;
   DeviceBuffer in_buf_;
   std::vector<DeviceBuffer> out_bufs_;
   int min_ = 1, max_ = 1, height_ = 0, width_ = 0, classes_ = 0;
