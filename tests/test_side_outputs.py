@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 # --- the code: every writer declared ------------------------------------------------------------------------------
 
 _WRITE_FUNCS = {"atomic_path", "write_text_atomic", "write_json_atomic", "temp_dir_beside", "move_into"}
-_WRITE_ATTRS = {"save", "savez", "savez_compressed", "save_model", "write_table", "write_text", "write_bytes",
+_WRITE_ATTRS = {"save", "savez", "savez_compressed", "save_model", "write_table", "write_text", "write_bytes", "tofile", "export",
                 "copyfile", "copy2", "copytree", "copymode", "symlink_to", "hardlink_to", "link", "symlink", "mknod"}
 
 

@@ -44,7 +44,6 @@ def infer(
         check_embedding_output,
         gather_images,
         open_model,
-        sidecar_of,
         write_predictions,
     )
     from vitdeploy.tools.infer import infer as run_infer

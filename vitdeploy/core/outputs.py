@@ -100,6 +100,7 @@ WRITERS: dict[str, tuple[str, ...]] = {
     "vitdeploy.stages.bundle_configs:write_cpp": (TEMP,),
     "vitdeploy.stages.bundle_replace:replace_bundle": (MAIN,),
     "vitdeploy.stages.export:_save_model": (TEMP,),
+    "vitdeploy.stages.export:_torch_export": (TEMP,),  # in memory, or in export_onnx's temporary folder
     "vitdeploy.stages.export:_move_into_place": (MAIN, "external data"),
     "vitdeploy.stages.export:export_onnx": (MAIN,),
     "vitdeploy.stages.precision:_write_cache": ("calibration cache",),

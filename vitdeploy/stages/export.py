@@ -31,9 +31,9 @@ from vitdeploy.core import fileio
 from vitdeploy.core.artifact import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, OnnxArtifact
 from vitdeploy.core.errors import OpsetTooNew, ParityError, UsageError, VitdeployError
 from vitdeploy.core.fileio import temp_dir_beside
-from vitdeploy.core.outputs import side_output_path
 from vitdeploy.core.loaded import SourceReads
 from vitdeploy.core.manifest import Manifest, set_onnx_manifest, tool_versions
+from vitdeploy.core.outputs import side_output_path
 from vitdeploy.core.targets import TargetFacts, resolve_target
 from vitdeploy.core.task import POOLS, task_from_model, task_of
 from vitdeploy.graph.cleanup import (

@@ -856,8 +856,9 @@ def bundle_listed(info: dict) -> list[Path]:
     files = info.get("files")
     names += [k for k in files if isinstance(k, str)] if isinstance(files, dict) else []
     names += [k for k in info.get("artifacts") or {} if isinstance(k, str)]
-    ref = info.get("reference") if isinstance(info.get("reference"), dict) else {}
-    for v in [ref.get("inputs"), *((ref.get("logits") or {}).values() if isinstance(ref.get("logits"), dict) else [])]:
+    ref: dict = info["reference"] if isinstance(info.get("reference"), dict) else {}
+    logits: dict = ref["logits"] if isinstance(ref.get("logits"), dict) else {}
+    for v in [ref.get("inputs"), *logits.values()]:
         if isinstance(v, str):
             names.append(v)
     return [HERE / n for n in names]
