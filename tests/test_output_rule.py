@@ -170,3 +170,43 @@ def test_run_py_out_in_a_real_bundle_keeps_its_references_and_writes_elsewhere(d
     assert (b / "emb.npy").is_file() and (b / "emb.files.txt").read_text().strip().endswith(img.name)
     r = subprocess.run([sys.executable, "run.py", "--check"], cwd=b, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.slow  # builds the C++ example (OpenCV) with the stub engine
+def test_the_cpp_example_out_never_writes_over_the_bundles_files_and_replaces_a_link(tmp_path: Path) -> None:
+    """classify --out: the bundle's references, a link to a bundle model and a file of the image folder are refused
+    (exit 2, one line, every file as it was); a link at a free --out is replaced, its target untouched."""
+    import numpy as np
+    from cpp_helpers import build_with_stub, stub_engine
+    from PIL import Image
+
+    exe = build_with_stub(FILES / "cpp", tmp_path / "classify")
+    b = tmp_path / "b"
+    (b / "cpp").mkdir(parents=True)
+    (b / "reference").mkdir()
+    (b / "img").mkdir()
+    (b / "cpp" / "bundle.cfg").write_text("input_height=8\ninput_width=8\nresize_mode=shorter\ninterpolation=bilinear\n"
+                                          "task=embedding\noutput=embedding\nembedding_dim=4\n")
+    manifest = {"bundle": {"files": {"model.raw.onnx": "", "reference/inputs.npy": "", "cpp/bundle.cfg": ""},
+                           "artifacts": {"model.raw.onnx": {}},
+                           "reference": {"inputs": "reference/inputs.npy",
+                                         "logits": {"fp32": "reference/embeddings.fp32.npy"}}}}
+    (b / "manifest.json").write_text(json.dumps(manifest))
+    for rel in ("model.raw.onnx", "reference/inputs.npy", "img/a.npy"):
+        (b / rel).write_bytes(rel.encode())
+    Image.fromarray(np.full((8, 8, 3), 99, np.uint8)).save(b / "img" / "a.png")
+    (b / "link.npy").symlink_to(b / "model.raw.onnx")
+    eng, _ = stub_engine(tmp_path, 8, 8, 4)
+    before = {p: p.read_bytes() for p in b.rglob("*") if p.is_file()}
+    for out in ("reference/inputs.npy", "reference/embeddings.fp32.npy", "link.npy", "img/a.npy",
+                "reference/../reference/inputs.npy"):
+        r = subprocess.run([str(exe), str(eng), "img", "--out", out], cwd=b, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "never written over" in r.stderr, (out, r.returncode, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1
+    assert {p: p.read_bytes() for p in b.rglob("*") if p.is_file()} == before
+    (tmp_path / "outside.npy").write_bytes(b"keep")
+    (b / "emb.npy").symlink_to(tmp_path / "outside.npy")
+    r = subprocess.run([str(exe), str(eng), "img", "--out", "emb.npy"], cwd=b, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "outside.npy").read_bytes() == b"keep" and not (b / "emb.npy").is_symlink()
+    assert np.load(b / "emb.npy").shape == (1, 4)
