@@ -214,6 +214,8 @@ def side_refusals(digits_ckpt: Path, digits_onnx: Path, digits_folder: Path,
                 os.link(d / victim, side)
             argvs.append([*argv, out])
             keys.append((kind, link))
+    argvs.append(["build-engine", "model.onnx", "--timing-cache", "model.onnx"])  # read, then written over
+    keys.append(("timing cache", "the model"))
     before = {p: (d / p).read_bytes() for p in ("ckpt.pth", "model.onnx")}
     rows = run_cli_cases(argvs, d)
     assert {p: (d / p).read_bytes() for p in before} == before  # every input intact, byte for byte
@@ -231,3 +233,12 @@ def test_a_side_output_that_is_a_link_to_an_input_is_refused_before_any_work(
     assert len(r.lines()) == 1 and "Traceback" not in r.stderr, r.stderr
     assert side in r.stderr and "is the input" in r.stderr and SIDE_CASES[kind][2] in r.stderr, r.stderr
     assert r.changed == [], r.changed  # nothing written, the link left as it was
+
+
+def test_a_timing_cache_that_is_the_model_is_refused_before_any_work(
+        side_refusals: tuple[Path, dict[tuple[str, str], CliCase]]) -> None:
+    """build-engine reads --timing-cache and writes the updated cache over it: naming the model there would replace
+    the model with a timing cache."""
+    r = side_refusals[1][("timing cache", "the model")]
+    assert r.code == 2 and len(r.lines()) == 1 and "--timing-cache model.onnx is the input" in r.stderr, r.stderr
+    assert r.changed == []  # and the model intact: side_refusals compares the inputs byte for byte

@@ -213,11 +213,10 @@ def move_into(src: str | Path, dest: str | Path) -> None:
 def _real_folders(root: Path, folder: Path) -> None:
     """Make ``folder`` (under ``root``) and its parents up to ``root`` real folders: a symlink among them (to an input
     folder, say) is removed, not written into; its target is untouched."""
-    parts = folder.relative_to(root).parts
     cur = root
-    for part in parts:
+    for part in folder.relative_to(root).parts:
         cur = cur / part
-        if cur.is_symlink() or (cur.exists() and not cur.is_dir()):
+        if cur.is_symlink():
             cur.unlink()
         cur.mkdir(exist_ok=True)
 

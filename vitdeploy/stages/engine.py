@@ -250,6 +250,8 @@ def check_build_outputs(plan: Any, model: Path, o: BuildOptions) -> None:
     from vitdeploy.core.outputs import check_side_outputs
 
     inputs = [model, o.calib, o.timing_cache]
+    if o.timing_cache is not None:  # read, then replaced by the updated cache: never the model or the images
+        check_output(o.timing_cache, [model, o.calib], option="--timing-cache")
     if plan.make is not None:
         check_output(plan.artifact, inputs, option="the precision artifact")
         if plan.make == "int8":
