@@ -131,9 +131,10 @@ def check_side_outputs(out: str | Path, kinds: Iterable[str], inputs: Iterable[s
         p = side.name(Path(out))
         try:
             check_output(p, given, option=side.what)
-        except UsageError as e:
-            raise UsageError(f"{e}; it is written beside {option} {out}: remove {p.name} or choose another "
-                             f"{option}") from None
+        except UsageError as e:  # check_output's line, with the ways out of a name the user never typed
+            why = str(e).replace(": write the result elsewhere (inputs are never written over)", "")
+            raise UsageError(f"{why}; it is written beside {option} {out}: remove {p.name} or choose another "
+                             f"{option} (inputs are never written over)") from None
         paths.append(p)
     return paths
 
