@@ -1,5 +1,6 @@
 """An output that is a channel (a FIFO, a character device, a /proc link such as /dev/stdout) is written to in place,
-never renamed over; a symlink to a regular file is followed and the link kept; an output inside an input is refused."""
+never renamed over; a symlink to a regular file is replaced, never written through (issue 40); an output inside an
+input is refused."""
 
 from __future__ import annotations
 
@@ -82,14 +83,16 @@ def test_a_character_device_is_written_in_place(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["null"]
 
 
-def test_a_symlink_to_a_json_file_keeps_the_link_and_replaces_the_target(tmp_path: Path) -> None:
+def test_a_symlink_to_a_json_file_is_replaced_and_its_target_kept(tmp_path: Path) -> None:
+    """Issue 40 reversed issue 23's rule (the link followed, its target replaced): the target may be an input, and
+    a link left where a side file goes turned --init weights into a features cache. Nothing is written through."""
     target = tmp_path / "real.json"
     target.write_text("old\n")
     link = tmp_path / "link.json"
     link.symlink_to(target)
     write_text_atomic(link, "new\n")
-    assert link.is_symlink() and os.readlink(link) == str(target)
-    assert target.read_text() == "new\n"
+    assert not link.is_symlink() and link.read_text() == "new\n"
+    assert target.read_text() == "old\n"
 
 
 def test_a_socket_is_refused(tmp_path: Path) -> None:

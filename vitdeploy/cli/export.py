@@ -53,6 +53,9 @@ def export(
 
     target = say_target(target)  # resolved once, before any work
     check_output(out, [checkpoint, labels], suffixes=(".onnx",))
+    from vitdeploy.core.outputs import check_side_outputs
+
+    check_side_outputs(out, ["external data", *(["raw variant"] if embed_preprocess else [])], [checkpoint, labels])
     from vitdeploy.stages.export import EmbeddingOptions, export_onnx  # numpy, onnx: after the light refusals
 
     as_embedding = EmbeddingOptions(embedding, pool, normalize, tokens)

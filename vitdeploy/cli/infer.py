@@ -44,7 +44,6 @@ def infer(
         check_embedding_output,
         gather_images,
         open_model,
-        sidecar_of,
         write_predictions,
     )
     from vitdeploy.tools.infer import infer as run_infer
@@ -60,7 +59,9 @@ def infer(
             raise UsageError(f"-o {out}: the name must end in .csv or .json (an embedding model's vectors: .npy, "
                              ".json or .parquet)")
         if out.suffix.lower() == ".npy":
-            check_output(sidecar_of(out), inputs)
+            from vitdeploy.core.outputs import check_side_outputs
+
+            check_side_outputs(out, ["files list"], inputs)
     check_json_dest(json_out, inputs)
     paths = gather_images(images)
     runner, notes = open_model(model, backend, threads)

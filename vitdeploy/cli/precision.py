@@ -51,6 +51,9 @@ def calibrate(
         raise UsageError(f"--quantizer {quantizer!r}: choose vitdeploy or nncf")
     target = say_target(target)
     check_output(out or precision_name(model, "int8"), [model], suffixes=(".onnx",))
+    from vitdeploy.core.outputs import check_side_outputs
+
+    check_side_outputs(out or precision_name(model, "int8"), ["calibration cache"], [model, images])
     from vitdeploy.stages.precision import calibrate as run_calibrate  # numpy, onnx: after the light refusals
 
     with Progress(text_column("{task.description}", "bold"), BarColumn(), MofNCompleteColumn(), text_column("{task.fields[info]}"),

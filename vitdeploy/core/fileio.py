@@ -68,7 +68,8 @@ def _prefix(dest: Path) -> str:
 # --- outputs that are not plain files ---------------------------------------------------------------------------
 # `--json /dev/stdout`, a named pipe, /dev/null: such an output is a channel, not an artifact. Renaming a temp file
 # over it would replace the channel with a regular file (as root: /dev/null for every process in the container), so
-# it is written to in place; a symlink to a regular file is followed, and its target replaced, the link kept.
+# it is written to in place. A symlink to a regular file (or to nothing) is replaced by the new file, never written
+# through (issue 40): the link's target may be an input.
 
 
 def _link_chain(path: Path) -> list[Path]:
@@ -135,8 +136,10 @@ def atomic_path(path: str | Path, suffix: str | None = None) -> Iterator[Path]:
 
     The file gets the mode any new file gets here (0666 less the umask; mkstemp alone would leave it 0600, which
     a Triton or DeepStream container running as another user cannot read). Leftovers of a killed earlier run for
-    the same output are removed first. A symlink is followed (its target is replaced, the link stays); a channel
-    (character device, FIFO, /proc link: ``output_kind``) gets the finished bytes written into it, never renamed over."""
+    the same output are removed first. A symlink at ``path`` is replaced by the new file, never written through: its
+    target, which may be an input (``p.pth.features.npz -> dinov2.pth`` turned the --init weights into an npz), keeps
+    its bytes; ``check_output`` refuses, before any work, an output that is a link to an input. A channel (character
+    device, FIFO, /proc link: ``output_kind``) gets the finished bytes written into it, never renamed over."""
     kind = output_kind(path)
     if kind not in ("file", "channel"):
         from vitdeploy.core.errors import UsageError
@@ -152,7 +155,7 @@ def atomic_path(path: str | Path, suffix: str | None = None) -> Iterator[Path]:
         finally:
             tmp_path.unlink(missing_ok=True)
         return
-    dest = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
+    dest = Path(path)  # a link here is renamed over (replaced), its target untouched
     dest.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(dest)
     fd, tmp = tempfile.mkstemp(prefix=_prefix(dest), suffix=suffix or dest.suffix or ".tmp", dir=dest.parent)
@@ -193,15 +196,29 @@ def follow_umask(root: str | Path) -> None:
 
 def move_into(src: str | Path, dest: str | Path) -> None:
     """Put a folder built beside ``dest`` in place: renamed whole when ``dest`` is new, else file by file (renames:
-    they need no space, so a full disk cannot stop them half way as a write can)."""
+    they need no space, so a full disk cannot stop them half way as a write can). A symlink at a file or sub-folder
+    of ``dest`` is replaced, never written through."""
     s, d = Path(src), Path(dest)
+    if d.is_symlink():  # a link in place of the folder: replaced by it, its target untouched
+        d.unlink()
     if not d.exists():
         os.replace(s, d)
         return
     for f in sorted(p for p in s.rglob("*") if not p.is_dir()):
         target = d / f.relative_to(s)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(f, target)
+        _real_folders(d, target.parent)
+        os.replace(f, target)  # a link at target is replaced, never written through
+
+
+def _real_folders(root: Path, folder: Path) -> None:
+    """Make ``folder`` (under ``root``) and its parents up to ``root`` real folders: a symlink among them (to an input
+    folder, say) is removed, not written into; its target is untouched."""
+    cur = root
+    for part in folder.relative_to(root).parts:
+        cur = cur / part
+        if cur.is_symlink():
+            cur.unlink()
+        cur.mkdir(exist_ok=True)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

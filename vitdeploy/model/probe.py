@@ -91,7 +91,9 @@ Progress = Callable[[str, dict[str, Any]], None]
 
 def cache_path(out: str | Path) -> Path:
     """Where the features of a run writing ``out`` are kept: beside it, ``<out>.features.npz``."""
-    return Path(str(out) + CACHE_SUFFIX)
+    from vitdeploy.core.outputs import side_output_path
+
+    return side_output_path("features cache", out)
 
 
 # --- the backbone -------------------------------------------------------------------------------------------------

@@ -79,8 +79,9 @@ FOLDER_EPOCHS = 30
 
 def partial_path(out: str | Path) -> Path:
     """Where the best-so-far checkpoint lives until the run ends (then it is renamed to ``out``)."""
-    p = Path(out)
-    return p.with_name(p.name + ".partial")
+    from vitdeploy.core.outputs import side_output_path
+
+    return side_output_path("partial checkpoint", out)
 
 
 def _device(name: str) -> torch.device:

@@ -97,6 +97,23 @@ def check_options(opts: TrainOptions) -> None:
 
         get_preset(opts.preset)  # an unknown one raises UnknownPreset, a usage error
     _check_out(Path(opts.out), opts.init)
+    _check_side_outputs(opts)
+
+
+def _check_side_outputs(opts: TrainOptions) -> None:
+    """The files train writes beside -o go through the same check (core/outputs.py): a probe's features cache, a
+    fine-tuning run's best-so-far checkpoint. Inputs: the --init weights, and --resume unless it names that very
+    best-so-far (``--resume ckpt.pth.partial -o ckpt.pth`` continues it, and the run replaces it); a link there to
+    the --resume checkpoint is refused like any link to an input."""
+    from vitdeploy.core.outputs import check_side_outputs, same_name, side_output_path
+
+    if opts.probe is not None:
+        check_side_outputs(opts.out, ["features cache"], [opts.init])
+        return
+    partial = side_output_path("partial checkpoint", opts.out)
+    resume = None if opts.resume is None or same_name(opts.resume, partial) else opts.resume
+    check_side_outputs(opts.out, ["partial checkpoint"], [opts.init, resume])
+
 
 
 # The options of full fine-tuning (name, field): a probe fits its head on frozen features in one full-batch solve,

@@ -104,6 +104,7 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
     source = OnnxArtifact.open(model)  # the one read of the source: manifest, opset and input come from it
     manifest = source.manifest
     plan = plan_artifact(model, manifest.precision, o.fp16, o.int8, o.out, o.dla_core)
+    check_build_outputs(plan, model, o)
     if plan.make is not None and plan.artifact.exists():
         kept_guard(plan.artifact)
     # (without the default calibration/ folder, calibrate falls back to the digits for a digits model)
@@ -239,3 +240,22 @@ def target_mismatch(model: Path, manifest: Manifest, trt_version: str) -> None:
             f"{model} was made for {made_for}, this is TensorRT {trt_version} ({here}): re-make it with "
             f"`{remake_command(model, manifest, here)}`"
         )
+
+
+def check_build_outputs(plan: Any, model: Path, o: BuildOptions) -> None:
+    """Every file build-engine may write goes through the one output check, before any work (core/outputs.py): the
+    precision artifact it makes and its calibration cache, the engine (-o or its default name), its sidecar, and the
+    rejected plan with its sidecar. The timing cache is read and updated: written by rename like every output."""
+    from vitdeploy.core.fileio import check_output
+    from vitdeploy.core.outputs import check_side_outputs
+
+    inputs = [model, o.calib, o.timing_cache]
+    if o.timing_cache is not None:  # read, then replaced by the updated cache: never the model or the images
+        check_output(o.timing_cache, [model, o.calib], option="--timing-cache")
+    if plan.make is not None:
+        check_output(plan.artifact, inputs, option="the precision artifact")
+        if plan.make == "int8":
+            check_side_outputs(plan.artifact, ["calibration cache"], inputs, option="the precision artifact")
+    check_output(plan.engine, inputs, option="-o" if o.out else "the engine")
+    check_side_outputs(plan.engine, ["engine sidecar", "rejected engine", "rejected engine sidecar"], inputs,
+                       option="-o" if o.out else "the engine")

@@ -33,6 +33,7 @@ from vitdeploy.core.errors import OpsetTooNew, ParityError, UsageError, Vitdeplo
 from vitdeploy.core.fileio import temp_dir_beside
 from vitdeploy.core.loaded import SourceReads
 from vitdeploy.core.manifest import Manifest, set_onnx_manifest, tool_versions
+from vitdeploy.core.outputs import side_output_path
 from vitdeploy.core.targets import TargetFacts, resolve_target
 from vitdeploy.core.task import POOLS, task_from_model, task_of
 from vitdeploy.graph.cleanup import (
@@ -440,7 +441,7 @@ def export_onnx(
         step("save")
         t = time.perf_counter()
         tmp_model = tmpdir / out.name
-        data_name = out.name + ".data"
+        data_name = side_output_path("external data", out).name
         external = _save_model(m, tmp_model, data_name)
         del m
         timings["save"] = time.perf_counter() - t

@@ -507,8 +507,9 @@ def check_embedding_output(out: str | Path | None, task: Task, gallery: str | Pa
 def sidecar_of(path: str | Path) -> Path:
     """The file-name list beside a .npy of vectors: one file name per line, in the rows' order; emb.npy →
     emb.files.txt, the name the bundle's run.py and C++ example write too."""
-    p = Path(path)
-    return p.with_name(p.name[: -len(p.suffix)] + ".files.txt")
+    from vitdeploy.core.outputs import side_output_path
+
+    return side_output_path("files list", path)
 
 
 def write_embeddings(result: EmbedResult, path: str | Path) -> list[Path]:

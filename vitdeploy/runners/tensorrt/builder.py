@@ -152,7 +152,9 @@ def compile_engine(spec: BuildSpec, env: TensorRTEnv, manifest: Manifest, graph:
     side = sidecar_manifest(manifest, record, spec.artifact)
     sidecar = sidecar_path(spec.engine)
     if missed is not None:  # the precision asked for did not happen: keep the plan for a look, never as the engine
-        rejected = spec.engine.with_name(spec.engine.name + ".rejected")
+        from vitdeploy.core.outputs import side_output_path
+
+        rejected = side_output_path("rejected engine", spec.engine)
         with atomic_path(rejected) as tmp_engine, atomic_path(sidecar_path(rejected)) as tmp_side:
             with open(tmp_engine, "wb") as f:
                 f.write(memoryview(serialized))

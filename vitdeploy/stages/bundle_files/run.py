@@ -1002,16 +1002,68 @@ def sidecar_name(out: Path) -> Path:
     return out.with_name(out.name[: -len(".npy")] + ".files.txt")
 
 
+def _spot(p: object) -> str:
+    """Where a path's name sits: its folder resolved, its last part as given (a link there is not followed)."""
+    a = os.path.abspath(str(p))
+    return os.path.join(os.path.realpath(os.path.dirname(a)), os.path.basename(a))
+
+
+def _same_file(a: object, b: object) -> bool:
+    try:
+        return os.path.samefile(str(a), str(b))
+    except OSError:
+        return False
+
+
+def bundle_listed(info: dict) -> list[Path]:
+    """The bundle's own files, which --out never writes: manifest.json, every file it lists (bundle.files), its
+    models and its reference arrays."""
+    names = ["manifest.json"]
+    files = info.get("files")
+    names += [k for k in files if isinstance(k, str)] if isinstance(files, dict) else []
+    names += [k for k in info.get("artifacts") or {} if isinstance(k, str)]
+    ref: dict = info["reference"] if isinstance(info.get("reference"), dict) else {}
+    logits: dict = ref["logits"] if isinstance(ref.get("logits"), dict) else {}
+    for v in [ref.get("inputs"), *logits.values()]:
+        if isinstance(v, str):
+            names.append(v)
+    return [HERE / n for n in names]
+
+
+def out_refusal(out: Path, inputs: list[Path], listed: list[Path]) -> str:
+    """Why --out (or its file list) may not be written, '' when it may: it is an input, a symlink or hard link to
+    one, or an existing file of an input folder; or it is one of the bundle's own files (``listed``), by its name or
+    through a link. The rule of vitdeploy's core/outputs.py (output_refusal, its check_output), copied here since
+    run.py cannot import vitdeploy; tests hold the two to the same cases. The rename that writes --out replaces a
+    link there, never writes through it."""
+    for i in inputs:
+        if os.path.exists(str(i)) and _same_file(out, i):
+            return f"{safe(out)} is the input {safe(i)}"
+    for i in inputs:
+        if os.path.isdir(str(i)) and os.path.exists(str(out)) and not os.path.isdir(str(out)):
+            real, folder = os.path.realpath(str(out)), os.path.realpath(str(i))
+            if real.startswith(folder.rstrip(os.sep) + os.sep):
+                return f"{safe(out)} is a file of the input folder {safe(i)}"
+    for f in listed:
+        if _spot(out) == _spot(f) or (os.path.exists(str(f)) and _same_file(out, f)):
+            return f"{safe(out)} is the bundle's own {safe(os.path.relpath(str(f), str(HERE)))}"
+    return ""
+
+
 def save_outputs(out: Path, rows: list[np.ndarray], files: list[Path]) -> None:
     """--out: the [N, D] float32 array (numpy's .npy) and the file names (one a line, control characters escaped as
-    run.py prints them), each written to a temporary file beside it and renamed into place."""
+    run.py prints them), each written to a temporary file beside it and renamed into place (a link there is
+    replaced, never written through; out_refusal has refused an input or a bundle file before any work)."""
     import tempfile
 
     arr = np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)
+    mask = os.umask(0o022)
+    os.umask(mask)
     for dest, write in ((out, lambda f: np.save(f, np.ascontiguousarray(arr, np.float32), allow_pickle=False)),
                         (sidecar_name(out), lambda f: f.write("".join(f"{safe(p)}\n" for p in files).encode("utf-8")))):
         fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=str(dest.parent))
         try:
+            os.fchmod(fd, 0o666 & ~mask)  # the mode a new file gets here (mkstemp alone: 0600)
             with os.fdopen(fd, "wb") as f:
                 write(f)
             os.replace(tmp, dest)
@@ -1091,6 +1143,11 @@ def _main(argv: list[str] | None = None) -> int:
             ap.error(f"--out {safe(args.out)}: no folder {safe(out_path.parent)}")
 
     manifest, info, pp, labels = read_manifest()
+    for dest in ([out_path, sidecar_name(out_path)] if out_path is not None else []):
+        why = out_refusal(dest, [Path(a) for a in args.images], bundle_listed(info))
+        if why:
+            ap.error(f"--out {safe(args.out)}: {why}: save it elsewhere (the bundle's files and the images are never "
+                     "written over)")
     rel = args.model if args.model is not None else info["default_model"]
     if not isinstance(rel, str) or not rel:
         raise SystemExit(f"error: manifest.json's bundle.default_model is {safe(repr(rel))}, not the name of one of its "

@@ -16,10 +16,14 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "outputs.h"
 #include "vitclassify.h"
 
 namespace {
@@ -195,6 +199,33 @@ std::string sidecar_name(const std::string& out) { return out.substr(0, out.size
 // The patch tokens beside --out's array, as run.py's tokens_name: emb.npy -> emb.patch_tokens.npy.
 std::string tokens_name(const std::string& out) { return out.substr(0, out.size() - 4) + ".patch_tokens.npy"; }
 
+// --out and its file list go through the rule of outputs.h (vitdeploy's and run.py's own): refused, before any
+// work, when either is an input, a link to one, or one of the bundle's own files (the manifest.json beside the
+// config's cpp/ folder lists them).
+void check_outputs(const Args& a, const std::string& config, const std::string& labels) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(config).parent_path().empty() ? fs::path("..") : fs::path(config).parent_path() / "..";
+  std::vector<std::pair<std::string, std::string>> listed = {{"manifest.json", (root / "manifest.json").string()}};
+  std::ifstream f(root / "manifest.json", std::ios::binary);
+  if (f) {
+    std::ostringstream text;
+    text << f.rdbuf();
+    try {
+      listed = vitdeploy::outputs::bundle_listed(root.string(), text.str());
+    } catch (const std::runtime_error& e) {
+      throw vitdeploy::Error((root / "manifest.json").string() + ": not valid JSON (" + e.what() + "): copy the bundle again");
+    }
+  }
+  std::vector<std::string> inputs = {a.engine, config};
+  if (!labels.empty()) inputs.push_back(labels);
+  inputs.insert(inputs.end(), a.images.begin(), a.images.end());
+  for (const std::string& dest : {a.out, sidecar_name(a.out)}) {
+    const std::string why = vitdeploy::outputs::out_refusal(dest, inputs, listed);
+    if (!why.empty())
+      usage_error("--out " + a.out + ": " + why + ": save it elsewhere (the bundle's files and the images are never written over)");
+  }
+}
+
 std::string find_config(const Args& a) {
   namespace fs = std::filesystem;
   if (!a.config.empty()) return a.config;
@@ -211,7 +242,8 @@ std::string find_config(const Args& a) {
 int main(int argc, char** argv) {
   Args args = parse(argc, argv);
   try {
-    vitdeploy::Config cfg = vitdeploy::read_config(find_config(args));
+    const std::string config = find_config(args);
+    vitdeploy::Config cfg = vitdeploy::read_config(config);
     const bool embedding = cfg.is_embedding();  // the manifest's task: a vector per image, no labels
     std::vector<std::string> labels;
     if (!embedding) labels = vitdeploy::read_labels(args.labels.empty() ? cfg.labels : args.labels);
@@ -222,6 +254,7 @@ int main(int argc, char** argv) {
       std::error_code ec;
       const std::filesystem::path dir = std::filesystem::path(args.out).parent_path();
       if (!dir.empty() && !std::filesystem::is_directory(dir, ec)) usage_error("--out " + args.out + ": no folder " + dir.string());
+      check_outputs(args, config, embedding ? std::string() : (args.labels.empty() ? cfg.labels : args.labels));
     }
 
     vitdeploy::EngineOptions opt;

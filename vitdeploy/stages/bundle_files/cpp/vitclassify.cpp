@@ -5,6 +5,9 @@
 // follows run.py's resize_crop. Same arithmetic, same bytes.
 #include "vitclassify.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -471,19 +474,29 @@ double l2_norm(const float* v, int n) {
   return std::sqrt(s);
 }
 
+// A new temporary file beside `path` (mkstemp: created, never opened through a link left there), given the mode a new
+// file gets (0666 less the umask), then renamed over `path`: a link at `path` is replaced, never written through.
 static void write_replacing(const std::string& path, const std::string& bytes) {
   const fs::path dest(path);
-  const fs::path tmp = dest.parent_path() / ("." + dest.filename().string() + ".tmp");
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw Error(path + ": cannot write it (does its folder exist?)");
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    f.flush();
-    if (!f) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw Error(path + ": cannot write it (disk full?)");
-    }
+  std::string name = (dest.parent_path() / ("." + dest.filename().string() + ".XXXXXX")).string();
+  std::vector<char> templ(name.begin(), name.end());
+  templ.push_back('\0');
+  const int fd = ::mkstemp(templ.data());
+  if (fd < 0) throw Error(path + ": cannot write it (does its folder exist?)");
+  const fs::path tmp(templ.data());
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  bool ok = ::fchmod(fd, 0666 & ~mask) == 0;
+  for (size_t done = 0; ok && done < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    ok = n > 0;
+    if (ok) done += static_cast<size_t>(n);
+  }
+  ok = ::close(fd) == 0 && ok;
+  if (!ok) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw Error(path + ": cannot write it (disk full?)");
   }
   std::error_code ec;
   fs::rename(tmp, dest, ec);
