@@ -137,6 +137,14 @@ class Backbone:
         raise VitdeployError(f"internal: features pooled {self.cached_pool!r} do not hold {pool!r}")
 
 
+def pool_refusal(pool: str, where: str, own: str, pools: tuple[str, ...]) -> str:
+    """The one line refusing a --pool the backbone cannot read: what it pools by itself (SigLIP's MAP head, not the
+    mean --pool offers beside it) and the other poolings --pool takes, so the line never calls another pooling its
+    own (issue 40: "--pool cls: X has mean" for a MAP model)."""
+    takes = f"--pool takes {', '.join(pools)}" if pools else "--pool takes no other pooling"
+    return f"--pool {pool}: {where} pools by {own} itself and {takes}; drop --pool to read its own features"
+
+
 def load_backbone(opts: TrainOptions) -> Backbone:
     """The --init source (any checkpoint ``train --init`` takes), at --image-size where given, with the SHA-256 of the
     bytes read; --pool checked against the poolings it has (exit 2)."""
@@ -156,8 +164,7 @@ def load_backbone(opts: TrainOptions) -> Backbone:
     # a projection or an L2 norm after the pooling reads the model's own pooled vector: no other pooling fits them
     pools = () if cfg.proj_dim or cfg.l2_norm else tuple(cfg.embed_pools)
     if opts.pool is not None and opts.pool not in pools:
-        have = ", ".join(pools) if pools else f"its own {pool_of(ck.manifest.model)} pooling only"
-        raise UsageError(f"--pool {opts.pool}: {where} has {have}; drop --pool to read its own features")
+        raise UsageError(pool_refusal(opts.pool, where, pool_of(ck.manifest.model), pools))
     cached = SLICED if SLICED in pools else (opts.pool or "")
     feat_cfg = cfg.with_(num_classes=0, **({"embed_pool": cached} if cached else {}))
     state = {k: v for k, v in ck.state_dict.items() if not k.startswith(HEAD_PREFIXES)}
