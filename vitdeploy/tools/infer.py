@@ -534,7 +534,7 @@ def sidecar_of(path: str | Path) -> Path:
 
 def write_embeddings(result: EmbedResult, path: str | Path) -> list[Path]:
     """Write the vectors with their file names, atomically: .npy + .files.txt (one name per line, the rows' order;
-    names printable, escapes for controls), .parquet (columns path, embedding[, label, score]), .json (the rows:
+    escaped as core/file_list.py says, so each line means one name: ``read_file_list`` reads them back), .parquet (columns path, embedding[, label, score]), .json (the rows:
     path, embedding, with a gallery label/score/label_i/score_i and neighbours) or, with a gallery, .csv (the kNN
     labels, as a classifier's predictions). Returns the files written."""
     import numpy as np
@@ -549,7 +549,9 @@ def write_embeddings(result: EmbedResult, path: str | Path) -> list[Path]:
         with atomic_path(p) as tmp, atomic_path(side) as tmp_side:
             with open(tmp, "wb") as f:
                 np.save(f, np.ascontiguousarray(result.vectors, np.float32))
-            tmp_side.write_text("".join(n + "\n" for n in names), encoding="utf-8")
+            from vitdeploy.core.file_list import file_list_line
+
+            tmp_side.write_text("".join(file_list_line(q) + "\n" for q in result.paths), encoding="utf-8")
         return [p, side]
     if suffix == ".parquet":
         import pyarrow as pa

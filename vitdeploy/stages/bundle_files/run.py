@@ -836,14 +836,37 @@ def sidecar_name(out: Path) -> Path:
     return out.with_name(out.name[: -len(".npy")] + ".files.txt")
 
 
+# FILE.files.txt's lines: vitdeploy's core/file_list.py rule, copied (this file cannot import vitdeploy; a test holds
+# the two alike): a backslash as \\, LF/CR/tab as \n \r \t, other ASCII controls and bytes that are not UTF-8 as \xNN,
+# C1 controls, bidi marks, separators and the BOM as \uXXXX. One line means one name: "a<LF>b.png" is a\nb.png, a
+# name spelled a\nb.png is a\\nb.png.
+_LISTED = re.compile("[\\\\\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
+
+
+def _list_escape(c: str) -> str:
+    named = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+    o = ord(c)
+    if c in named:
+        return named[c]
+    if o < 0x80:
+        return f"\\x{o:02x}"
+    return f"\\x{o - 0xDC00:02x}" if 0xDC80 <= o <= 0xDCFF else f"\\u{o:04x}"
+
+
+def list_line(name: object) -> str:
+    """One line of FILE.files.txt (no line end): the file name, escaped as the rule above says."""
+    s = os.fsdecode(name) if isinstance(name, (bytes, os.PathLike)) else str(name)
+    return _LISTED.sub(lambda m: _list_escape(m.group()), s)
+
+
 def save_outputs(out: Path, rows: list[np.ndarray], files: list[Path]) -> None:
-    """--out: the [N, D] float32 array (numpy's .npy) and the file names (one a line, control characters escaped as
-    run.py prints them), each written to a temporary file beside it and renamed into place."""
+    """--out: the [N, D] float32 array (numpy's .npy) and the file names (one a line, escaped by ``list_line`` so that
+    each line means one name), each written to a temporary file beside it and renamed into place."""
     import tempfile
 
     arr = np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)
     for dest, write in ((out, lambda f: np.save(f, np.ascontiguousarray(arr, np.float32), allow_pickle=False)),
-                        (sidecar_name(out), lambda f: f.write("".join(f"{safe(p)}\n" for p in files).encode("utf-8")))):
+                        (sidecar_name(out), lambda f: f.write("".join(f"{list_line(p)}\n" for p in files).encode("utf-8")))):
         fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=str(dest.parent))
         try:
             with os.fdopen(fd, "wb") as f:
