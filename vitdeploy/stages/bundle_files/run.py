@@ -905,7 +905,8 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="compare with the bundle's reference logits (an embedding "
                     "model: embeddings, by per-image cosine); exit 1 when they differ")
     ap.add_argument("--out", metavar="FILE.npy", help="also save every image's output row (an embedding model: its "
-                    "vector) as one [N, D] float32 array, and the file names in FILE.files.txt, one a line")
+                    "vector) as one [N, D] float32 array, and the file names in FILE.files.txt, one a line (a "
+                    "backslash written \\\\, a line feed \\n)")
     args = ap.parse_args(argv)
     out_path = None
     if args.out is not None:
