@@ -58,8 +58,9 @@ def embedding_budget(precision: str, min_cosine: float | None = None) -> Embeddi
     """The default budget of a precision; ``min_cosine`` (the guard's --min-cosine) replaces the mean gate."""
     b = EMBEDDING_BUDGETS.get(precision, EMBEDDING_BUDGETS["int8"])
     if min_cosine is not None:
-        if not 0.0 < min_cosine <= 1.0:
-            raise UsageError(f"--min-cosine must be in (0, 1], not {min_cosine}")
+        from vitdeploy.core.limits import check_range
+
+        check_range("--min-cosine", min_cosine, "fraction")  # the range --help shows: [0.0<=x<=1.0]
         b = EmbeddingBudget(min_cosine, min(b.min_cosine_p1, min_cosine), b.min_nn_agreement)
     return b
 

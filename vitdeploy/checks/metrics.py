@@ -57,9 +57,10 @@ def finite_rows(values: np.ndarray) -> np.ndarray:
     return np.asarray(np.isfinite(v.reshape(len(v), -1)).all(axis=1)) if len(v) else np.zeros(0, bool)
 
 
-def nonfinite_note(count: int, rows: int, who: str = "the candidate") -> str:
-    """The one line every check says about NaN/Inf outputs."""
-    return f"{who} gave NaN or Inf logits on {count} of {rows} images (a non-finite output is never a pass)"
+def nonfinite_note(count: int, rows: int, who: str = "the candidate", values: str = "logits") -> str:
+    """The one line every check says about NaN/Inf outputs; ``values``: what the model answers (a classifier's
+    "logits", an embedding model's "embeddings": the line names what the model gave, issue 40)."""
+    return f"{who} gave NaN or Inf {values} on {count} of {rows} images (a non-finite output is never a pass)"
 
 
 def top_k_accuracy(logits: np.ndarray, labels: np.ndarray, k: int = 1) -> float:
@@ -198,13 +199,14 @@ def compare(
         )
 
 
-def require_finite(logits: np.ndarray, what: str = "the model") -> None:
-    """Raise NonFiniteOutput (one line, how many images) when any row of ``logits`` holds NaN or Inf."""
+def require_finite(logits: np.ndarray, what: str = "the model", values: str = "logits") -> None:
+    """Raise NonFiniteOutput (one line, how many images) when any row of ``logits`` holds NaN or Inf; ``values``
+    names them as ``nonfinite_note`` does."""
     from vitdeploy.core.errors import NonFiniteOutput
 
     ok = finite_rows(logits)
     if not ok.all():
-        raise NonFiniteOutput(nonfinite_note(int((~ok).sum()), len(ok), what))
+        raise NonFiniteOutput(nonfinite_note(int((~ok).sum()), len(ok), what, values))
 
 
 # --- embedding models: the figures TensorRT-Model-Connect gates on, and DINOv2's kNN ---------------------------

@@ -11,6 +11,7 @@ argmax of an embedding means nothing), its per-image cosine reported beside it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vitdeploy.checks.metrics import compare, compare_embeddings, embedding_limit, nonfinite_note
-from vitdeploy.core.errors import ParityError, VitdeployError
+from vitdeploy.checks.metrics import compare, compare_embeddings, embedding_limit, finite_rows, nonfinite_note
+from vitdeploy.core.errors import NonFiniteOutput, ParityError, VitdeployError
 from vitdeploy.core.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -50,13 +51,19 @@ class BatchParity:
         return self.max_abs_diff <= self.tolerance and self.top1_mismatches == 0 and not self.nonfinite
 
     @property
+    def excess(self) -> float:
+        """max |Δ| over its limit: how far over the worst batch is (inf for a zero limit, an all-zero reference)."""
+        return self.max_abs_diff / self.tolerance if self.tolerance > 0 else math.inf
+
+    @property
     def max_rel_diff(self) -> float:
         """max |Δ| over the reference's largest |value|."""
         return self.max_abs_diff / max(self.max_abs_logit, 1e-30)
 
     def describe(self) -> str:
         if self.nonfinite:
-            return f"batch {self.batch_size}: {nonfinite_note(self.nonfinite, self.batch_size, 'the ONNX model')}"
+            values = "embeddings" if self.embedding else "logits"
+            return f"batch {self.batch_size}: {nonfinite_note(self.nonfinite, self.batch_size, 'the ONNX model', values)}"
         if self.embedding:
             s = f"batch {self.batch_size}: max |Δ| {self.max_abs_diff:.2e} (limit {self.tolerance:.2e}"
             s += f" = {PARITY_RTOL:g} × max |embedding| {self.max_abs_logit:.3g})"
@@ -110,7 +117,7 @@ class ParityReport:
         return self.batches[i]
 
     def summary(self) -> str:
-        worst = max(self.batches, key=lambda b: b.max_abs_diff / b.tolerance)
+        worst = max(self.batches, key=lambda b: b.excess)
         sizes = ", ".join(str(b.batch_size) for b in self.batches)
         verdict = "passed" if self.passed else "FAILED"
         return f"parity {verdict} at batch {sizes} on {self.source} ({self.num_images} images); worst {worst.describe()}"
@@ -185,6 +192,14 @@ def check_parity(
     x, distinct, source, notes, skipped = _parity_inputs(runner.manifest, images, count)
     with torch.inference_mode():
         ref_all = model(torch.from_numpy(x)).float().numpy()
+    bad = ~finite_rows(ref_all)
+    if bad.any():  # the reference itself is broken: no ONNX model can be judged against it
+        runner.close()
+        where = f"{checkpoint_or_model}: " if isinstance(checkpoint_or_model, (str, Path)) else ""
+        values = "embeddings" if embedding else "logits"
+        raise NonFiniteOutput(f"{where}the checkpoint itself (PyTorch) gives NaN or Inf {values} on {int(bad.sum())} "
+                              f"of {len(bad)} images, so no export can match it: its weights hold NaN or Inf (or "
+                              "overflow float32); re-train or re-import it")
     results: list[BatchParity] = []
     for bs in batch_sizes:
         ref = ref_all[:bs]
@@ -220,7 +235,7 @@ def validate_parity(
     ``validate_model_outputs``: export writes, validation judges)."""
     report = check_parity(checkpoint_or_model, onnx_path, images=images, batch_sizes=batch_sizes, rtol=rtol)
     if not report.passed:
-        worst = max(report.failures, key=lambda b: b.max_abs_diff / b.tolerance)
+        worst = max(report.failures, key=lambda b: b.excess)
         raise ParityError(f"parity check failed against PyTorch on {report.source}: {worst.describe()}")
     return report
 

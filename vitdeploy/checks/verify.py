@@ -394,8 +394,9 @@ def verify(
         tolerance = Tolerance.parse(tolerance)
     if batch_size < 1:
         raise UsageError("--batch-size must be at least 1")
-    if min_cosine is not None and not 0.0 < min_cosine <= 1.0:
-        raise UsageError(f"--min-cosine must be in (0, 1], not {min_cosine}")
+    from vitdeploy.core.limits import check_range
+
+    check_range("--min-cosine", min_cosine, "fraction")  # the range --help shows: [0.0<=x<=1.0]
     artifacts = [Path(reference), *[Path(c) for c in candidates]]
     if len(artifacts) < 2:
         raise UsageError("verify needs a reference and at least one candidate")

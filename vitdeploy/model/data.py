@@ -165,7 +165,9 @@ def read_labeled_folder(
     """
     r = Path(root)
     if not r.is_dir():
-        raise VitdeployError(f"{r}: no such folder of images: pass a folder with one sub-folder per class")
+        from vitdeploy.core.folders import not_a_folder
+
+        raise VitdeployError(f"{r}: {not_a_folder(r)} of images: pass a folder with one sub-folder per class")
     notes: list[str] = []
     if (r / "val").is_dir() and (r / "train").is_dir():
         notes.append(f"{r} has train/ and val/: reading val/")

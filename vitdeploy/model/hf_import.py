@@ -217,6 +217,20 @@ def hf_architectures(cfg_json: dict[str, Any], config_path: str) -> list[str]:
     return list(v)
 
 
+def _check_patch_size(vc: Fields, kernel: torch.Tensor) -> None:
+    """config.json's patch_size, where it gives one, must be the patch embedding's kernel: a config that contradicts
+    its weights (-8, or 16 beside a kernel of 8) is a foreign file to fix, not a value to override silently with the
+    weights' (issue 40)."""
+    if not vc.has("patch_size"):
+        return
+    size = vc.size("patch_size", idea="patch_size")  # not a whole number in range: refused naming the field
+    kh, kw = (int(k) for k in kernel.shape[-2:])
+    if size != (kh, kw):
+        k = str(kh) if kh == kw else f"{kh}x{kw}"
+        raise vc.refuse("patch_size", vc.raw("patch_size"),
+                        f"the weights' patch size {k} (the patch embedding's kernel is {kh}x{kw})")
+
+
 def hf_architecture(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], where: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """ViTConfig fields and the timm-named state dict of a transformers ViT-family checkpoint.
 
@@ -251,6 +265,7 @@ def hf_architecture(cfg_json: dict[str, Any], sd: dict[str, torch.Tensor], where
     if layers is not None and depth != layers:
         raise VitdeployError(f"{where}: config.json says {layers} layers but the weights hold {depth}")
     dim = int(st["patch_embed.proj.weight"].shape[0])
+    _check_patch_size(vc, st["patch_embed.proj.weight"])
     if hidden is not None and hidden != dim:
         raise vc.refuse("hidden_size", hidden, f"the weights' width {dim} (the patch embedding has {dim} rows)")
     # the (class) token as a [1, 1, D] parameter; CLIP stores a [D] vector, SigLIP none

@@ -139,6 +139,14 @@ class Backbone:
         raise VitdeployError(f"internal: features pooled {self.cached_pool!r} do not hold {pool!r}")
 
 
+def pool_refusal(pool: str, where: str, own: str, pools: tuple[str, ...]) -> str:
+    """The one line refusing a --pool the backbone cannot read: what it pools by itself (SigLIP's MAP head, not the
+    mean --pool offers beside it) and the other poolings --pool takes, so the line never calls another pooling its
+    own (issue 40: "--pool cls: X has mean" for a MAP model)."""
+    takes = f"--pool takes {', '.join(pools)}" if pools else "--pool takes no other pooling"
+    return f"--pool {pool}: {where} pools by {own} itself and {takes}; drop --pool to read its own features"
+
+
 def load_backbone(opts: TrainOptions) -> Backbone:
     """The --init source (any checkpoint ``train --init`` takes), at --image-size where given, with the SHA-256 of the
     bytes read; --pool checked against the poolings it has (exit 2)."""
@@ -158,8 +166,7 @@ def load_backbone(opts: TrainOptions) -> Backbone:
     # a projection or an L2 norm after the pooling reads the model's own pooled vector: no other pooling fits them
     pools = () if cfg.proj_dim or cfg.l2_norm else tuple(cfg.embed_pools)
     if opts.pool is not None and opts.pool not in pools:
-        have = ", ".join(pools) if pools else f"its own {pool_of(ck.manifest.model)} pooling only"
-        raise UsageError(f"--pool {opts.pool}: {where} has {have}; drop --pool to read its own features")
+        raise UsageError(pool_refusal(opts.pool, where, pool_of(ck.manifest.model), pools))
     cached = SLICED if SLICED in pools else (opts.pool or "")
     feat_cfg = cfg.with_(num_classes=0, **({"embed_pool": cached} if cached else {}))
     state = {k: v for k, v in ck.state_dict.items() if not k.startswith(HEAD_PREFIXES)}
@@ -322,6 +329,42 @@ def _read_cache(path: Path, key: dict[str, Any]) -> tuple[Features | None, str]:
         return None, f"unreadable ({type(e).__name__})"
 
 
+def cache_disagreement(f: Features, plan: ImagesPlan, dim: int) -> str:
+    """Why cached features whose key is this run's cannot be this run's features ("" when they can): their arrays
+    must be what ``compute_features`` makes of ``plan`` with a ``dim``-wide backbone. A key says what the features
+    were made from, not that the arrays beside it are whole: an edited or damaged cache used to reach the probe as
+    "internal: a 5-d probe for 64-d features", an IndexError, a NaN classifier or "no readable image" (issue 40)."""
+    x, n_items = f.x, len(plan.items)
+    if x.ndim != 2 or x.shape[1] != dim:
+        return f"its features are {'x'.join(map(str, x.shape))}, not {dim}-d rows (the backbone's width)"
+    n = len(x)
+    if n == 0:
+        return "it holds no features"
+    for name, arr in (("labels", f.labels), ("items", f.items)):
+        if arr.shape != (n,):
+            return f"its {name} are {'x'.join(map(str, arr.shape))} for {n} feature rows"
+    if not np.isfinite(x).all():
+        return "its features hold NaN or Inf"
+    if (f.items < 0).any() or (f.items >= n_items).any() or (n > 1 and (np.diff(f.items) <= 0).any()):
+        return f"its items do not index the {n_items} images in order"
+    if not np.array_equal(f.labels, np.asarray([plan.items[i][1] for i in f.items], np.int64)):
+        return "its labels are not the images' classes"
+    if f.classes != list(plan.classes):
+        return "its classes are not the folder's"
+    want_val = None if plan.is_val is None else np.asarray(plan.is_val, bool)[f.items]
+    if want_val is None or f.is_val is None:
+        if (want_val is None) != (f.is_val is None):
+            return "its train/val split is not the folder's"
+    elif not np.array_equal(f.is_val, want_val):
+        return "its train/val split is not the folder's"
+    names = [f"digits[{plan.items[i][0]}]" if plan.digits else str(plan.items[i][0]) for i in f.items]
+    if f.paths != names:
+        return "its file names are not the images'"
+    if n + len(f.skipped) != n_items or not all(len(s) == 2 and all(isinstance(t, str) for t in s) for s in f.skipped):
+        return f"it accounts for {n} read + {len(f.skipped)} skipped of the {n_items} images"
+    return ""
+
+
 def _write_cache(path: Path, key: dict[str, Any], f: Features) -> str:
     """Keep the features beside the checkpoint (atomically); a cache that cannot be written is a note, not a failure."""
     try:
@@ -394,9 +437,12 @@ def probe_features(data_dir: str | Path | None, opts: TrainOptions, progress: Pr
     path = cache_path(opts.out)
     key = cache_key(bb, plan)
     feats, why = _read_cache(path, key)
+    note = f"{path} is stale ({why}): computing the features again" if why else ""
+    if feats is not None and (bad := cache_disagreement(feats, plan, bb.cfg.feature_dim)):
+        feats, why, note = None, bad, f"{path}: {bad}, though its key is this run's; recomputed"
     if feats is None:
-        if why and progress:
-            progress("note", {"text": f"{path} is stale ({why}): computing the features again"})
+        if note and progress:
+            progress("note", {"text": note})
         from vitdeploy.model.train import default_workers
 
         workers = default_workers(1, device) if opts.workers is None else opts.workers

@@ -600,7 +600,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
         src = root / ONNX_NAMES[prec]
         runner = _reference_runner(arts[prec], target)
         (logits,) = run_arrays([runner], x)
-        require_finite(logits, src.name)  # NaN reference outputs would make run.py --check meaningless
+        require_finite(logits, src.name, what)  # NaN reference outputs would make run.py --check meaningless
         rel = f"reference/{what}.{prec}.npy"
         np.save(root / rel, logits)
         ref_logits[prec] = rel
@@ -898,7 +898,7 @@ def support_matrix(root: Path, arts: dict[str, OnnxArtifact], sha: dict[str, str
                 _add_with_raw(root, fname, written.model, vman, written.sha256, prec, artifacts, raw_models)
                 artifacts[fname]["variant_of"] = ONNX_NAMES[prec]
                 (got,) = run_arrays([runner_for_target(written.model, line)], x)
-                require_finite(got, fname)
+                require_finite(got, fname, "logits" if judge is None else "embeddings")
                 if judge is None:
                     c = compare(logits_of[prec], got)
                     artifacts[fname]["vs_source"] = {"runner": f"oracle ({line})", "agreement": c.agreement,

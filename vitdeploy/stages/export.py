@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from vitdeploy.checks.parity import PARITY_BATCHES, ParityReport, validate_parity
 from vitdeploy.core import fileio
 from vitdeploy.core.artifact import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, OnnxArtifact
-from vitdeploy.core.errors import OpsetTooNew, ParityError, UsageError, VitdeployError
+from vitdeploy.core.errors import NonFiniteOutput, OpsetTooNew, ParityError, UsageError, VitdeployError
 from vitdeploy.core.fileio import temp_dir_beside
 from vitdeploy.core.loaded import SourceReads
 from vitdeploy.core.manifest import Manifest, set_onnx_manifest, tool_versions
@@ -319,6 +319,8 @@ def _validate(model: Any, tmp_model: Path, images: str | Path | None, opset: int
         return validate_parity(model, tmp_model, images=images)
     except ParityError as e:
         raise ParityError(f"{e}; {out} not written (--no-check writes it anyway)") from None
+    except NonFiniteOutput as e:  # the checkpoint answers NaN: no --no-check hint, nothing it writes would work
+        raise NonFiniteOutput(f"{e}; {out} not written") from None
     except VitdeployError as e:
         if "ONNX Runtime cannot load" not in str(e):
             raise

@@ -365,8 +365,9 @@ def _check_options(
         raise UsageError("--max-drop/--min-agreement/--min-cosine need --eval DIR (images to measure INT8 against FP32 on)")
     if min_agreement is not None and not 0.0 <= min_agreement <= 1.0:
         raise UsageError(f"--min-agreement is a fraction from 0 to 1, not {min_agreement}")
-    if min_cosine is not None and not 0.0 < min_cosine <= 1.0:
-        raise UsageError(f"--min-cosine is a cosine in (0, 1], not {min_cosine}")
+    from vitdeploy.core.limits import check_range
+
+    check_range("--min-cosine", min_cosine, "fraction")  # the range --help shows: [0.0<=x<=1.0]
 
 
 def _fp32_source(art: OnnxArtifact) -> tuple[Any, Manifest]:
@@ -465,6 +466,7 @@ def _choose_strength(fp32: Any, manifest: Manifest, files: ImageSet, batch_size:
 
     cmax = site_channel_max(fp32, (b.array for b in files.batches(manifest.pp(), batch_size) if len(b.paths)))
     ref = logits(fp32, ev.x)
+    _require_finite_fp32(ref, manifest, ev.root, src)
     factory = runner_factory(backend, manifest, target)
     tried: dict[str, Any] = {}
     best: tuple[tuple[float, ...], float, Any] | None = None
@@ -489,6 +491,22 @@ def _choose_strength(fp32: Any, manifest: Manifest, files: ImageSet, batch_size:
     _, alpha, chosen = best
     res = migrate(fp32, cmax, alpha)
     return chosen, {**record, **res.to_dict(), "chosen_by": f"the guard on {backend}", "tried": tried}
+
+
+def _require_finite_fp32(ref: Any, manifest: Manifest, eval_dir: str | Path, src: Path | None = None) -> None:
+    """The guard judges INT8 against the FP32 model's outputs: where those are NaN or Inf, no budget can be met or
+    missed, and loosening it (what a missed budget advises) cannot help (issue 40). One line naming the cause."""
+    from vitdeploy.checks.metrics import finite_rows
+    from vitdeploy.core.errors import NonFiniteOutput
+    from vitdeploy.core.task import task_of
+
+    bad = ~finite_rows(ref)
+    if bad.any():
+        values = "embeddings" if task_of(manifest).is_embedding else "logits"
+        who = f"{src} (the FP32 model)" if src is not None else "the FP32 model"
+        raise NonFiniteOutput(f"{who} gives NaN or Inf {values} on {int(bad.sum())} of {len(bad)} --eval images "
+                              f"({eval_dir}), so no INT8 can be judged against it and no budget helps; nothing "
+                              "written: fix the FP32 model first (re-export it from its checkpoint)")
 
 
 def _budget_missed(crit: Criterion, after: Any, excluded: int) -> VitdeployError:
@@ -567,6 +585,7 @@ def _guarded(
         progress("evaluate", {})
     ev = ev if ev is not None else load_eval_set(eval_dir, manifest)
     ref = logits(model, ev.x)
+    _require_finite_fp32(ref, manifest, eval_dir)
     factory = runner_factory(backend, manifest, target)
     qmodel, g = guard(switch, ev, ref, None, progress, factory=factory, criterion=crit, written=written)
     info = g.to_dict()

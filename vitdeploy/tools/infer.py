@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vitdeploy.checks import metrics
-from vitdeploy.core.errors import UsageError, VitdeployError
+from vitdeploy.core.errors import NonFiniteOutput, UsageError, VitdeployError
 from vitdeploy.core.fileio import atomic_path, printable_name, strict_json
 from vitdeploy.core.images import iter_batches
 from vitdeploy.core.manifest import ENGINE_SUFFIXES
@@ -289,7 +289,7 @@ def infer(
                 idx, prob = metrics.top_k(metrics.softmax(logits), top_k)
                 for p, ix, pr, ok in zip(batch.paths, idx, prob, metrics.finite_rows(logits), strict=True):
                     if not ok:  # a NaN row's argmax is class 0: named as not classified, never a prediction
-                        res.skipped.append((p, "the model gave NaN or Inf logits for it"))
+                        res.skipped.append((p, NONFINITE_SKIP.format("logits")))
                         continue
                     res.predictions.append(Prediction(p, [labels[i] for i in ix], [float(v) for v in pr]))
                 done += len(batch.paths)
@@ -300,9 +300,28 @@ def infer(
         if own:
             runner.close()
     if not res.predictions:
-        first = f" (e.g. {printable_name(res.skipped[0][0])}: {res.skipped[0][1]})" if res.skipped else ""
-        raise VitdeployError(f"none of the {len(paths)} image(s) could be read{first}")
+        raise nothing_answered(len(paths), res.skipped)
     return res
+
+
+NONFINITE_SKIP = "the model gave NaN or Inf {} for it"  # an image read, but not answered: never "could not be read"
+
+
+def nothing_answered(total: int, skipped: list[tuple[Path, str]], what: str = "") -> VitdeployError:
+    """The one line when no image got an answer, true to why: the images could not be read, or the model answered
+    NaN or Inf for those that could (issue 40: a NaN model read as "none of the 15 image(s) could be read"), or
+    both, counted apart. ``what``: the set's name ("--gallery DIR: "), or "" for the images given."""
+    said = NONFINITE_SKIP.split("{")[0]  # "the model gave NaN or Inf "
+    nonfinite = [(p, why) for p, why in skipped if why.startswith(said)]
+    unread = [(p, why) for p, why in skipped if not why.startswith(said)]
+    if not nonfinite:
+        first = f" (e.g. {printable_name(unread[0][0])}: {unread[0][1]})" if unread else ""
+        return VitdeployError(f"{what}none of the {total} image(s) could be read{first}")
+    rest = (f"; the other {len(unread)} could not be read (e.g. {printable_name(unread[0][0])}: {unread[0][1]})"
+            if unread else "")
+    return NonFiniteOutput(f"{what}the model gave NaN or Inf values for all {len(nonfinite)} image(s) it read "
+                           f"(e.g. {printable_name(nonfinite[0][0])}){rest}: the model is broken, not the images; "
+                           "check it against its source with `vitdeploy verify`")
 
 
 # --- embedding models ----------------------------------------------------------------------------
@@ -389,7 +408,7 @@ def _run_vectors(runner: Any, paths: Sequence[Path], batch_size: int, workers: i
             ok = metrics.finite_rows(out)
             for p, good in zip(batch.paths, ok, strict=True):
                 if not good:
-                    skipped.append((p, "the model gave NaN or Inf values for it"))
+                    skipped.append((p, NONFINITE_SKIP.format("values")))
             kept += [p for p, good in zip(batch.paths, ok, strict=True) if good]
             rows.append(out[ok])
         on_batch(len(batch.paths), batch.skipped)
@@ -403,7 +422,9 @@ def read_gallery(gallery: str | Path) -> tuple[list[Path], list[int], list[str]]
 
     g = Path(gallery)
     if not g.is_dir():
-        raise UsageError(f"--gallery {g}: no such folder; pass a folder with one sub-folder of images per class")
+        from vitdeploy.core.folders import not_a_folder
+
+        raise UsageError(f"--gallery {g}: {not_a_folder(g)}; pass a folder with one sub-folder of images per class")
     try:
         folder = read_labeled_folder(g, None, require=True, of="its classes")
     except VitdeployError as e:
@@ -446,15 +467,14 @@ def embed(
     res = EmbedResult(runner.artifact, runner.backend, runner.precision, task_of(runner.manifest), kept, vectors,
                       skipped, seconds, list(notes or []))
     if not kept:
-        first = f" (e.g. {printable_name(skipped[0][0])}: {skipped[0][1]})" if skipped else ""
-        raise VitdeployError(f"none of the {len(paths)} image(s) could be read{first}")
+        raise nothing_answered(len(paths), skipped)
     if gallery is None:
         return res
     g_kept, g_vectors, g_skipped = _run_vectors(runner, g_files, batch_size, workers, on_batch)
     for p, why in g_skipped:
         res.notes.append(f"gallery image {printable_name(p)} skipped: {why}")
     if not g_kept:
-        raise VitdeployError(f"--gallery {gallery}: none of its {len(g_files)} image(s) could be read")
+        raise nothing_answered(len(g_files), g_skipped, f"--gallery {gallery}: ")
     label_of = dict(zip(g_files, g_labels, strict=True))
     y = np.asarray([label_of[p] for p in g_kept], np.int64)
     index = {p.resolve(): i for i, p in enumerate(g_kept)}
@@ -498,8 +518,9 @@ def check_embedding_output(out: str | Path | None, task: Task, gallery: str | Pa
         raise UsageError(f"-o {out}: {model} is an {task.describe()}; a .csv holds kNN labels (pass --gallery DIR), "
                          "its vectors go to .npy (with a .files.txt list of the files), .json or .parquet")
     if suffix == ".parquet" and importlib.util.find_spec("pyarrow") is None:
-        raise UsageError(f"-o {out}: writing Parquet needs pyarrow (pip install pyarrow); or write .npy (the vectors, "
-                         f"with {Path(out).name}.txt naming the files) or .json")
+        npy = Path(out).with_suffix(".npy")
+        raise UsageError(f"-o {out}: writing Parquet needs pyarrow (pip install pyarrow); or write -o {npy.name} (the "
+                         f"vectors, with {sidecar_of(npy).name} naming the files) or .json")
     if suffix not in EMBEDDING_SUFFIXES:
         raise UsageError(f"-o {out}: write .npy, .json or .parquet (or .csv with --gallery)")
 
@@ -514,7 +535,7 @@ def sidecar_of(path: str | Path) -> Path:
 
 def write_embeddings(result: EmbedResult, path: str | Path) -> list[Path]:
     """Write the vectors with their file names, atomically: .npy + .files.txt (one name per line, the rows' order;
-    names printable, escapes for controls), .parquet (columns path, embedding[, label, score]), .json (the rows:
+    escaped as core/file_list.py says, so each line means one name: ``read_file_list`` reads them back), .parquet (columns path, embedding[, label, score]), .json (the rows:
     path, embedding, with a gallery label/score/label_i/score_i and neighbours) or, with a gallery, .csv (the kNN
     labels, as a classifier's predictions). Returns the files written."""
     import numpy as np
@@ -529,7 +550,9 @@ def write_embeddings(result: EmbedResult, path: str | Path) -> list[Path]:
         with atomic_path(p) as tmp, atomic_path(side) as tmp_side:
             with open(tmp, "wb") as f:
                 np.save(f, np.ascontiguousarray(result.vectors, np.float32))
-            tmp_side.write_text("".join(n + "\n" for n in names), encoding="utf-8")
+            from vitdeploy.core.file_list import file_list_line
+
+            tmp_side.write_text("".join(file_list_line(q) + "\n" for q in result.paths), encoding="utf-8")
         return [p, side]
     if suffix == ".parquet":
         import pyarrow as pa

@@ -1050,9 +1050,32 @@ def out_refusal(out: Path, inputs: list[Path], listed: list[Path]) -> str:
     return ""
 
 
+# FILE.files.txt's lines: vitdeploy's core/file_list.py rule, copied (this file cannot import vitdeploy; a test holds
+# the two alike): a backslash as \\, LF/CR/tab as \n \r \t, other ASCII controls and bytes that are not UTF-8 as \xNN,
+# C1 controls, bidi marks, separators and the BOM as \uXXXX. One line means one name: "a<LF>b.png" is a\nb.png, a
+# name spelled a\nb.png is a\\nb.png.
+_LISTED = re.compile("[\\\\\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
+
+
+def _list_escape(c: str) -> str:
+    named = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+    o = ord(c)
+    if c in named:
+        return named[c]
+    if o < 0x80:
+        return f"\\x{o:02x}"
+    return f"\\x{o - 0xDC00:02x}" if 0xDC80 <= o <= 0xDCFF else f"\\u{o:04x}"
+
+
+def list_line(name: object) -> str:
+    """One line of FILE.files.txt (no line end): the file name, escaped as the rule above says."""
+    s = os.fsdecode(name) if isinstance(name, (bytes, os.PathLike)) else str(name)
+    return _LISTED.sub(lambda m: _list_escape(m.group()), s)
+
+
 def save_outputs(out: Path, rows: list[np.ndarray], files: list[Path]) -> None:
-    """--out: the [N, D] float32 array (numpy's .npy) and the file names (one a line, control characters escaped as
-    run.py prints them), each written to a temporary file beside it and renamed into place (a link there is
+    """--out: the [N, D] float32 array (numpy's .npy) and the file names (one a line, escaped by ``list_line`` so that
+    each line means one name), each written to a temporary file beside it and renamed into place (a link there is
     replaced, never written through; out_refusal has refused an input or a bundle file before any work)."""
     import tempfile
 
@@ -1060,7 +1083,7 @@ def save_outputs(out: Path, rows: list[np.ndarray], files: list[Path]) -> None:
     mask = os.umask(0o022)
     os.umask(mask)
     for dest, write in ((out, lambda f: np.save(f, np.ascontiguousarray(arr, np.float32), allow_pickle=False)),
-                        (sidecar_name(out), lambda f: f.write("".join(f"{safe(p)}\n" for p in files).encode("utf-8")))):
+                        (sidecar_name(out), lambda f: f.write("".join(f"{list_line(p)}\n" for p in files).encode("utf-8")))):
         fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=str(dest.parent))
         try:
             os.fchmod(fd, 0o666 & ~mask)  # the mode a new file gets here (mkstemp alone: 0600)
@@ -1130,7 +1153,8 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="compare with the bundle's reference logits (an embedding "
                     "model: embeddings, by per-image cosine); exit 1 when they differ")
     ap.add_argument("--out", metavar="FILE.npy", help="also save every image's output row (an embedding model: its "
-                    "vector) as one [N, D] float32 array, and the file names in FILE.files.txt, one a line")
+                    "vector) as one [N, D] float32 array, and the file names in FILE.files.txt, one a line (a "
+                    "backslash written \\\\, a line feed \\n)")
     args = ap.parse_args(argv)
     out_path = None
     if args.out is not None:

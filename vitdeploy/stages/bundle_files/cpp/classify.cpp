@@ -176,6 +176,83 @@ std::string escaped(const std::string& s) {
   return o;
 }
 
+// The length of the valid UTF-8 sequence at s[i] (its code point in *cp), or 0 where s[i] begins none (Unicode's
+// table 3-7: no overlong form, no surrogate, nothing past U+10FFFF; Python's decoder judges alike).
+size_t utf8_at(const std::string& s, size_t i, unsigned* cp) {
+  const auto b = [&](size_t k) { return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0u; };
+  const unsigned c = b(0);
+  size_t n = 0;
+  unsigned lo = 0x80, hi = 0xbf;
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    n = 3;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 4;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+  } else {
+    return 0;
+  }
+  if (b(1) < lo || b(1) > hi) return 0;
+  unsigned v = c & (0xff >> (n + 1));
+  for (size_t k = 1; k < n; ++k) {
+    if (k > 1 && (b(k) < 0x80 || b(k) > 0xbf)) return 0;
+    v = (v << 6) | (b(k) & 0x3f);
+  }
+  *cp = v;
+  return n;
+}
+
+// One line of F.files.txt: vitdeploy's core/file_list.py rule, as run.py's list_line() writes it. A backslash as \\,
+// LF/CR/tab as \n \r \t, other ASCII controls and bytes that are not UTF-8 as \xNN, C1 controls, bidi marks,
+// separators and the BOM as \uXXXX: one line means one name ("a<LF>b.png" is a\nb.png, a name spelled a\nb.png is
+// a\\nb.png).
+std::string list_line(const std::string& s) {
+  std::string o;
+  char buf[12];
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if (c == '\\') {
+        o += "\\\\";
+      } else if (c == '\n') {
+        o += "\\n";
+      } else if (c == '\r') {
+        o += "\\r";
+      } else if (c == '\t') {
+        o += "\\t";
+      } else if (c < 0x20 || c == 0x7f) {
+        std::snprintf(buf, sizeof buf, "\\x%02x", c);
+        o += buf;
+      } else {
+        o += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    unsigned cp = 0;
+    const size_t n = utf8_at(s, i, &cp);
+    if (n == 0) {  // not UTF-8: the byte itself
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      o += buf;
+      ++i;
+      continue;
+    }
+    if (cp <= 0x9f || cp == 0x200e || cp == 0x200f || (cp >= 0x2028 && cp <= 0x202e) ||
+        (cp >= 0x2066 && cp <= 0x2069) || cp == 0xfeff) {
+      std::snprintf(buf, sizeof buf, "\\u%04x", cp);
+      o += buf;
+    } else {
+      o.append(s, i, n);
+    }
+    i += n;
+  }
+  return o;
+}
+
 constexpr int kHeadValues = 8;  // values of each vector printed as text, as run.py's HEAD_VALUES
 
 // run.py's line for one vector: path, width, L2 norm, the first values ("%.4f", as Python's format).
@@ -321,7 +398,7 @@ int main(int argc, char** argv) {
     if (!args.out.empty()) {  // as run.py --out: the rows of the images read, and their names
       vitdeploy::write_npy(args.out, z, static_cast<int>(ok_files.size()), width);
       std::string names;
-      for (const std::string& f : ok_files) names += escaped(f) + "\n";
+      for (const std::string& f : ok_files) names += list_line(f) + "\n";
       vitdeploy::write_text_file(sidecar_name(args.out), names);
       std::fprintf(stderr, "saved %zu rows to %s and their files to %s\n", ok_files.size(), escaped(args.out).c_str(),
                    escaped(sidecar_name(args.out)).c_str());
