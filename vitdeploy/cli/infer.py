@@ -162,16 +162,20 @@ def _show_embeddings(result: EmbedResult, out: Optional[Path], json_out: Optiona
         console.print(t)
     what = f"labelled by {result.k} neighbours in {result.gallery} ({result.gallery_size} images)" if result.gallery else "embedded"
     _summary(result.skipped, f"{len(result.paths)} image(s) {what} with {result.model} ({result.backend}, "
-             f"{result.precision}; {result.task.describe()}) at {result.images_per_second:.1f} images/s")
+             f"{result.precision}; {result.task.describe()}) at {result.images_per_second:.1f} images/s",
+             gallery_skipped=len(result.gallery_skipped))
 
 
-def _summary(skipped: list[tuple[Path, str]], line: str) -> None:
-    """The unreadable files, one line each, then the run's line; partly done (exit 3) when any were skipped."""
+def _summary(skipped: list[tuple[Path, str]], line: str, gallery_skipped: int = 0) -> None:
+    """The unreadable files, one line each, then the run's line; partly done (exit 3) when any were skipped, input
+    images or --gallery images (each named in a note): a label voted by fewer gallery images than the folder holds is
+    not the whole answer asked for."""
     from vitdeploy.core.text import printable
 
     for p, why in skipped:
         err_console.print(f"skipped {printable(p)}: {why}", highlight=False, soft_wrap=True)
-    err_console.print(line + (f"; {len(skipped)} unreadable file(s) skipped" if skipped else ""),
-                      highlight=False, soft_wrap=True)
-    if skipped:
+    tail = (f"; {len(skipped)} unreadable file(s) skipped" if skipped else "") + (
+        f"; {gallery_skipped} unreadable gallery image(s) skipped" if gallery_skipped else "")
+    err_console.print(line + tail, highlight=False, soft_wrap=True)
+    if skipped or gallery_skipped:
         raise typer.Exit(EXIT_PARTIAL)
