@@ -211,7 +211,10 @@ def _embedding_table(result: object, prepared: object | None, show: Console) -> 
               "images; the INT8's verdict is the guard's, on its image set)", title_justify="left")
     for col in ("artifact", "runner", "cosine mean", "p1", "min", "NN agreement", "budget (mean/p1/NN)", "verdict",
                 "judged on", *(("size", "") if rows else ())):
-        t.add_column(col)
+        # the names and runners whole (a narrow terminal wraps the other cells instead)
+        width = max(len(str(j[col])) for j in result.judged) if col in ("artifact", "runner") else (
+            len("0.999/0.995/97%") if col.startswith("budget") else None)
+        t.add_column(col, min_width=width)
     for j in result.judged:
         b = j["budget"]
         verdict = {"reference": "reference", "within": "within budget", "outside": "OUTSIDE BUDGET"}.get(
