@@ -23,7 +23,9 @@ def bundle(
         "Default: those in this folder."
     ),
     out: Path = typer.Option(Path("bundle"), "--out", "-o", help="Folder to write (replaced only with --force, and only when complete)."),
-    precision: Optional[str] = typer.Option(None, help="Precision the engine, run.py, Triton and DeepStream use (default: int8, else fp16, else fp32)."),
+    precision: Optional[str] = typer.Option(None, help="Precision the engine, run.py, Triton and DeepStream use (default: int8, else fp16, else fp32; an INT8 "
+                                     "outside its budget by the guard's verdict is never the default: fp16 is, and "
+                                     "--precision int8 is refused, exit 1)."),
     name: Optional[str] = typer.Option(None, help="Triton model name (default: the manifest's name)."),
     min_batch: int = typer.Option(1, **bounded("engine_batch"), help="Engine profile: smallest batch."),
     opt_batch: int = typer.Option(8, **bounded("engine_batch"), help="Engine profile: the batch TensorRT tunes for; DeepStream's batch-size."),
