@@ -152,10 +152,11 @@ def test_bundle_json_is_checked_like_every_output_before_any_work(tmp_path: Path
 # --- the one command from a checkpoint, end to end ---------------------------------------------------------------
 
 
-def _bad_int8(folder: Path, black: Path) -> None:
-    """model.int8.onnx beside model.onnx, calibrated carelessly: 32 black images, attention quantized, no smoothing."""
+def _bad_int8(folder: Path, black: Path, *guard: str) -> None:
+    """model.int8.onnx beside model.onnx, calibrated carelessly: 32 black images, attention quantized, no smoothing
+    (``guard``: calibrate's budget options, e.g. a loose --max-drop that this INT8 meets)."""
     r = cli.invoke(app, ["calibrate", str(folder / "model.onnx"), "-i", str(black), "--quantize-attention",
-                         "--smooth", "off"])
+                         "--smooth", "off", *guard])
     assert r.exit_code == 0, r.output
 
 
@@ -179,6 +180,18 @@ def classifier_dir(digits_ckpt: Path, black: Path, tmp_path_factory: pytest.Temp
 
 
 @pytest.fixture(scope="module")
+def loose_guard_dir(digits_ckpt: Path, black: Path, digits_folder: Path,
+                    tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same careless INT8, calibrated with the guard on the val images under a 50-point budget, which it meets:
+    its guard record (measured on the images the bundle is given) is judged against the bundle's 1-point budget."""
+    d = tmp_path_factory.mktemp("loose")
+    shutil.copy2(digits_ckpt, d / "ckpt.pth")
+    assert cli.invoke(app, ["export", str(d / "ckpt.pth"), "-o", str(d / "model.onnx")]).exit_code == 0
+    _bad_int8(d, black, "--eval", str(digits_folder / "val"), "--max-drop", "50")
+    return d
+
+
+@pytest.fixture(scope="module")
 def embedding_dir(digits_ckpt: Path, black: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 0-class checkpoint (the digits backbone without its head: what importing a backbone gives)."""
     from vitdeploy.model.checkpoint import save_checkpoint
@@ -194,10 +207,11 @@ def embedding_dir(digits_ckpt: Path, black: Path, tmp_path_factory: pytest.TempP
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["classifier", "embedding"])
+@pytest.mark.parametrize("kind", ["classifier", "embedding", "classifier-guarded-loosely"])
 def test_bundle_ships_fp16_as_default_when_the_int8_is_outside_its_budget(
-        kind: str, classifier_dir: Path, embedding_dir: Path, digits_folder: Path, tmp_path: Path) -> None:
-    d = classifier_dir if kind == "classifier" else embedding_dir
+        kind: str, request: pytest.FixtureRequest, digits_folder: Path, tmp_path: Path) -> None:
+    d = request.getfixturevalue({"classifier": "classifier_dir", "embedding": "embedding_dir",
+                                 "classifier-guarded-loosely": "loose_guard_dir"}[kind])
     val = digits_folder / "val"
     r = cli.invoke(app, ["bundle", str(d / "ckpt.pth"), "-i", str(val), "-o", str(tmp_path / "b"), "--json", "-"])
     assert r.exit_code == 0, r.output
@@ -206,12 +220,17 @@ def test_bundle_ships_fp16_as_default_when_the_int8_is_outside_its_budget(
     assert v["status"] == "outside" and v["images"] == 360 and v["eval"] == str(val), v
     assert doc["default_precision"] == "fp16" and "model.int8.onnx" in doc["files"]
     assert doc["default_why"].startswith("FP16 is the default, not INT8") and "360 images" in doc["default_why"]
-    if kind == "classifier":
-        assert v["failures"][0].startswith("top-1 drop") and "2.50 points" in doc["default_why"], v
+    # a reused INT8 without a record for these images is measured as the guard measures; one with is judged by it
+    assert v["by"] == ("the guard on onnxruntime" if kind.endswith("loosely") else "measured by bundle on onnxruntime")
+    if kind.startswith("classifier"):
+        # the drop named is the one measured on the 360 images (2.50 points here; another CPU's INT8 kernels may move
+        # it by an image or two, 0.28 points each, still far above the 1-point budget)
+        assert v["failures"][0].startswith("top-1 drop") and float(v["failures"][0].split()[2]) > 1.0, v
+        assert v["failures"][0] in doc["default_why"]
         (row,) = [x for x in doc["receipt"] if x["artifact"] == "model.int8.onnx"]
         assert row["made"] is False and row["drop"] > 1.0  # reused, and verify's drop agrees with the verdict
     else:
-        assert any(f.startswith("mean cosine") for f in v["failures"]), v
+        assert any(f.startswith(("mean cosine", "1st-percentile cosine")) for f in v["failures"]), v
         (row,) = [x for x in doc["judged_on_references"] if x["precision"] == "int8"]
         assert row["verdict"] == "outside" and row["judged_on"] == f"360 images of {val}"
     m = json.loads((tmp_path / "b" / "manifest.json").read_text())
