@@ -152,7 +152,7 @@ def bundle_document(result: object, prepared: object | None) -> dict:
         "out": str(result.out), "files": result.files, "task": result.task, "precisions": result.precisions,
         "default_precision": result.default_precision, "default_why": result.default_why or None,
         "int8_verdict": result.verdict.to_dict() if result.verdict is not None else None,
-        "target": next(iter(result.matrix)) if len(result.matrix) == 1 else None,
+        "target": _written_target(result.out),
         "tensorrt_lines": sorted(result.matrix), "reference_source": result.reference_source,
         "raw_variant_max_rel_diff": result.embed_errors, "reference_runner": result.reference_runner,
         "judged_on_references": result.judged, "notes": result.notes, "kept": result.kept,
@@ -162,6 +162,17 @@ def bundle_document(result: object, prepared: object | None) -> dict:
         doc["receipt"] = [{**r, "made": r["artifact"] in prepared.made} for r in prepared.rows]
         doc["prepare_notes"] = prepared.notes
     return doc
+
+
+def _written_target(out: Path) -> str | None:
+    """The target the bundle was made for, as its manifest.json says (None: no target, every TensorRT line)."""
+    import json
+
+    try:
+        t = json.loads((out / "manifest.json").read_text()).get("target")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return t if isinstance(t, str) else None
 
 
 def _verdict_cell(artifact: str, result: object) -> str:
