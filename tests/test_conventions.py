@@ -38,7 +38,7 @@ def test_a_truth_word_after_a_flag_is_one_line_exit_2(tmp_path: Path) -> None:
 
 def test_every_json_option_takes_a_file_or_dash() -> None:
     with_json = [c for c in COMMANDS if _opt(c, "--json") is not None]
-    assert {"infer", "presets", "check-target", "verify", "benchmark", "explain", "info"} <= set(with_json)
+    assert {"infer", "presets", "check-target", "verify", "benchmark", "explain", "info", "bundle"} <= set(with_json)
     for c in with_json:
         p = _opt(c, "--json")
         assert not getattr(p, "is_flag", False), f"{c} --json is a bare flag"

@@ -200,7 +200,8 @@ def test_infer_gallery_labels_by_dinov2_knn(emb: Path, digits_folder: Path, digi
     run_ok("infer", str(digits_val10), "-m", str(emb / "emb.onnx"), "--backend", "onnxruntime",
            "--gallery", str(digits_folder / "train"), "--json", str(out))
     doc = json.loads(out.read_text())
-    assert doc["gallery"] == {"folder": str(digits_folder / "train"), "images": 1437, "k": 20, "temperature": 0.07}
+    assert doc["gallery"] == {"folder": str(digits_folder / "train"), "images": 1437, "k": 20, "temperature": 0.07,
+                              "skipped": []}
     rows = doc["embeddings"]
     truth = [Path(r["path"]).parent.name for r in rows]
     mine = [r["label"] for r in rows]

@@ -412,3 +412,111 @@ target); the budget is judged on that form, the per-layer ranking on the switch'
         if crit.met(last):
             return switch.final(excluded), result(excluded, first, last, sens, True)
     return switch.final(excluded), result(excluded, first, last, sens, False)
+
+
+# --- the one verdict on an INT8's budget ------------------------------------------------------------------------
+
+WITHIN, OUTSIDE, UNJUDGED = "within", "outside", "unjudged"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether an INT8 model is within its task's budget: one verdict, the guard's, measured on the guard's image set
+    (every image of calibrate's --eval folder, or of the bundle's --images). It is what the bundle's receipt shows and
+    what decides the bundle's default precision. The bundle's reference images (16 by default) are not a second vote:
+    they check that the device reproduces the references (run.py --check); one nearest neighbour among 16 images is
+    6 points, so a budget judged there measures nothing.
+
+    ``status``: within, outside, or unjudged (no eval set: calibrated without --eval, or no labeled images for a
+    classifier). ``by``: who measured it (the guard when it made the model, or the bundle on --images)."""
+
+    status: str
+    images: int = 0
+    eval: str = ""
+    figures: str = ""
+    failures: tuple[str, ...] = ()
+    by: str = ""
+
+    @property
+    def outside(self) -> bool:
+        return self.status == OUTSIDE
+
+    def label(self) -> str:
+        """The receipt's cell: 'within budget' / 'OUTSIDE BUDGET' / 'not judged'."""
+        return {WITHIN: "within budget", OUTSIDE: "OUTSIDE BUDGET"}.get(self.status, "not judged")
+
+    def line(self) -> str:
+        """One line for a note: the verdict, where it was measured and why."""
+        if self.status == UNJUDGED:
+            return f"not judged against a budget ({self.figures or 'no eval images'})"
+        where = f"on {self.images} images of {self.eval}" + (f" ({self.by})" if self.by else "")
+        why = f": {'; '.join(self.failures)}" if self.failures else (f": {self.figures}" if self.figures else "")
+        return f"{self.label()} {where}{why}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "images": self.images, "eval": self.eval, "figures": self.figures,
+                "failures": list(self.failures), "by": self.by}
+
+
+def _record_budget(record: dict[str, Any]) -> dict[str, Any]:
+    """The budget a guard record was measured under, as int8_failures' keywords (None: none was in force)."""
+    return {"max_drop": record.get("max_drop_points", record.get("max_drop")),
+            "min_agreement": record.get("min_agreement") if record.get("judged_as") != "embedding"
+            else record.get("min_nn_agreement"),
+            "min_cosine": record.get("min_cosine")}
+
+
+def recorded_verdict(manifest: Manifest, budget: dict[str, Any] | None = None) -> Verdict:
+    """The verdict an INT8 model's guard record gives (calibrate's ``guard`` manifest entry): its figures on its eval
+    images judged by the task (checks/judge.int8_failures) against ``budget`` (int8_failures' keywords: the bundle's
+    own), else against the budget the guard was run under, else, when it measured without one, the task's default INT8
+    budget. No record: unjudged."""
+    from vitdeploy.checks.judge import int8_failures
+    from vitdeploy.core.task import task_of
+
+    rec = manifest.extra.get("guard")
+    if not isinstance(rec, dict) or not isinstance(rec.get("after"), dict):
+        return Verdict(UNJUDGED, figures="calibrated without --eval images: no guard record")
+    after = rec["after"]
+    if budget is None:
+        recorded = _record_budget(rec)
+        budget = recorded if any(v is not None for v in recorded.values()) else {}
+    fails = int8_failures(task_of(manifest), after, **budget)
+    if not fails and rec.get("met") is False:  # a record that says so itself
+        fails = ["the guard's record says the budget was not met"]
+    images = after.get("images")
+    return Verdict(OUTSIDE if fails else WITHIN, int(images) if isinstance(images, int) else 0, str(rec.get("eval", "")),
+                   figures_line(after, short=True) if _has_figures(after) else "", tuple(fails),
+                   f"the guard on {rec.get('backend', 'its backend')}")
+
+
+def _has_figures(f: dict[str, Any]) -> bool:
+    keys = ("cosine_mean", "cosine_p1", "nn_agreement") if "cosine_mean" in f else ("int8_top1", "drop_points",
+                                                                                     "agreement")
+    return all(isinstance(f.get(k), (int, float)) for k in keys)
+
+
+def measured_verdict(fp32: Any, int8: Any, eval_dir: str | Path, target: str | None,
+                     budget: dict[str, Any]) -> Verdict:
+    """The verdict on ``int8`` measured here as the guard measures (every image of ``eval_dir``, FP32 on ONNX Runtime,
+    the INT8 on the guard's backend for ``target``: the TensorRT oracle, OpenVINO or ONNX Runtime), with nothing
+    excluded: for an INT8 reused from an earlier calibrate whose record was not measured on these images."""
+    from vitdeploy.checks.judge import int8_failures
+    from vitdeploy.core.artifact import OnnxArtifact
+    from vitdeploy.core.targets import CPU_TARGETS
+    from vitdeploy.core.task import task_of
+
+    a32 = fp32 if isinstance(fp32, OnnxArtifact) else OnnxArtifact.open(fp32)
+    a8 = int8 if isinstance(int8, OnnxArtifact) else OnnxArtifact.open(int8)
+    manifest = a32.manifest
+    crit = criterion_for(manifest, min_cosine=budget.get("min_cosine"), eval_dir=eval_dir,
+                         max_drop=budget.get("max_drop") if judge_for(manifest) is None else None)
+    backend = ("oracle" if target is not None and target not in CPU_TARGETS
+               else "openvino" if target == "openvino" else "onnxruntime")
+    ev = load_eval_set(eval_dir, manifest)
+    ref = logits(a32.model, ev.x)
+    out = logits(a8.model, ev.x, factory=runner_factory(backend, a8.manifest, target))
+    f = crit.figures(ref, out, ev).to_dict()
+    fails = int8_failures(task_of(manifest), f, **budget)
+    return Verdict(OUTSIDE if fails else WITHIN, int(f["images"]), str(Path(eval_dir)), figures_line(f, short=True),
+                   tuple(fails), f"measured by bundle on {backend}")

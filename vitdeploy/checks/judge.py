@@ -54,6 +54,46 @@ EMBEDDING_BUDGETS = {
 }
 
 
+# A classifier's INT8 budget where nothing else is given (the one-command path's guard, and the verdict on a guard record
+# that measured without a budget): top-1 points lost against FP32 on the labeled images. Published W8A8 PTQ of ViTs
+# with LayerNorm/Softmax in float loses about 0.3 points (PTQ4ViT; shared/TENSORRT.md): over 1 point is below the state
+# of the art.
+CLASSIFIER_INT8_MAX_DROP = 1.0
+
+
+def int8_failures(task: Task, figures: dict[str, Any], max_drop: float | None = None,
+                  min_agreement: float | None = None, min_cosine: float | None = None) -> list[str]:
+    """Why the INT8 figures the guard records (checks/guard.py: ``Figures.to_dict`` or ``EmbeddingFigures.to_dict``)
+    miss the task's INT8 budget, [] when within it: the one place that says what "within budget" means for an INT8.
+
+    A classifier: the top-1 drop in points within ``max_drop`` (default CLASSIFIER_INT8_MAX_DROP) and, when given,
+    the top-1 agreement at least ``min_agreement``. An embedding model: the INT8 EmbeddingBudget (``min_cosine``
+    replaces the mean gate), its nearest-neighbour gate where the set has two images at least."""
+    def num(key: str) -> float:
+        v = figures.get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
+
+    if not task.is_embedding:
+        drop, agreement = num("drop_points"), num("agreement")
+        limit = CLASSIFIER_INT8_MAX_DROP if max_drop is None else max_drop
+        out = [] if drop <= limit else [f"top-1 drop {drop:.2f} points > {limit}"]
+        if min_agreement is not None and not agreement >= min_agreement:
+            out.append(f"top-1 agreement {agreement:.4f} < {min_agreement}")
+        return out
+    b = embedding_budget("int8", min_cosine)
+    out = []
+    if figures.get("nonfinite"):
+        out.append(f"NaN or Inf embeddings on {figures['nonfinite']} images")
+    if not num("cosine_mean") >= b.min_cosine:
+        out.append(f"mean cosine {num('cosine_mean'):.5f} < {b.min_cosine}")
+    if not num("cosine_p1") >= b.min_cosine_p1:
+        out.append(f"1st-percentile cosine {num('cosine_p1'):.5f} < {b.min_cosine_p1}")
+    nn = min_agreement if min_agreement is not None else b.min_nn_agreement
+    if num("images") > 1 and not num("nn_agreement") >= nn:
+        out.append(f"nearest-neighbour agreement {num('nn_agreement'):.4f} < {nn}")
+    return out
+
+
 def embedding_budget(precision: str, min_cosine: float | None = None) -> EmbeddingBudget:
     """The default budget of a precision; ``min_cosine`` (the guard's --min-cosine) replaces the mean gate."""
     b = EMBEDDING_BUDGETS.get(precision, EMBEDDING_BUDGETS["int8"])

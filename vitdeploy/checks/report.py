@@ -470,7 +470,7 @@ def _embedding_table(report: EmbeddingVerifyReport) -> str:
             cells.append(f'<td class="num">{_pct(r.knn_top1)}</td>')
         cells += [f'<td class="num">{c.cosine_mean:.6f}</td>', f'<td class="num">{c.cosine_p1:.6f}</td>',
                   f'<td class="num">{c.cosine_min:.6f}</td>', f'<td class="num">{c.rel_frobenius:.2e}</td>',
-                  f'<td class="num">{_pct(c.nn_agreement)}</td>', f"<td>{_e(budget)}</td>", f"<td>{_e(verdict)}</td>"]
+                  f'<td class="num">{_pct(c.nn_agreement if c.rows >= 2 else None)}</td>', f"<td>{_e(budget)}</td>", f"<td>{_e(verdict)}</td>"]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return "<table>\n" + "\n".join(rows) + "\n</table>"
 

@@ -204,6 +204,16 @@ class PatchCosine:
                 "map": np.round(c.astype(np.float64), 8).tolist()}
 
 
+# Nearest-neighbour agreement asks whether each image's nearest other image is the reference's: it needs two images
+# at least. On one it is undefined (shown as —, null in JSON, never judged), not the 100% a bare mean would give.
+NN_MIN_IMAGES = 2
+
+
+def nn_undefined_note(n: int) -> str:
+    return (f"nearest-neighbour agreement needs {NN_MIN_IMAGES} images at least: undefined on {n} image(s), not judged "
+            "(pass a folder with more images)")
+
+
 @dataclass
 class EmbeddingResult:
     """One embedding artifact against the reference (the reference: against itself, with its own kNN top-1)."""
@@ -234,6 +244,8 @@ class EmbeddingResult:
         d: dict[str, Any] = {"artifact": self.artifact, "backend": self.backend, "precision": self.precision,
                              "reference": self.is_reference}
         d.update({k: v for k, v in self.comparison.to_dict().items() if k != "rows"})
+        if self.comparison.rows < NN_MIN_IMAGES:  # one image has no neighbour: undefined, not 100%
+            d["nn_agreement"] = None
         d.update(budget=self.budget.to_dict() if self.budget else None, passed=self.passed, failures=self.failures,
                  seconds=round(self.seconds, 3), patch_tokens=self.patches.to_dict() if self.patches else None)
         return d
@@ -461,6 +473,8 @@ def verify(
             r.close()
     notes += res.notes
     if judge is not None:
+        if len(res.paths) < NN_MIN_IMAGES:
+            notes.append(nn_undefined_note(len(res.paths)))
         for e, m in zip(results, maps or [None] * len(results), strict=True):
             e.patches = m
         return EmbeddingVerifyReport(judge.task, results, res.paths, res.labels, list(image_set.classes or []),

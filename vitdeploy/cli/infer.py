@@ -24,7 +24,7 @@ def infer(
     batch_size: int = typer.Option(8, "--batch-size", "-b", **bounded("batch"), help="Images per model call."),
     top_k: int = typer.Option(5, "--top-k", "-k", **bounded("top_k"), help="Classes to report per image (clamped to the number of classes)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the results to FILE.csv or FILE.json instead of a table. An embedding model's vectors: FILE.npy (with FILE.files.txt, one file name per line in the rows' order, a backslash written \\\\ and a line feed \\n), FILE.json, or FILE.parquet (needs pyarrow); with --gallery also FILE.csv (the kNN labels)."),
-    gallery: Optional[Path] = typer.Option(None, "--gallery", help="An embedding model only: a labelled folder (one sub-folder of images per class) whose nearest images label each image, by DINOv2's weighted kNN vote (k=20, T=0.07)."),
+    gallery: Optional[Path] = typer.Option(None, "--gallery", help="An embedding model only: a labelled folder (one sub-folder of images per class) whose nearest images label each image, by DINOv2's weighted kNN vote (k=20, T=0.07); unreadable gallery images are named and skipped (exit 3)."),
     threads: Optional[int] = typer.Option(None, **bounded("threads"), help="Inference threads (default: one per core)."),
     workers: Optional[int] = typer.Option(None, **bounded("reader_threads"), help="Reader threads decoding images ahead of the model (default: cores, at most 4)."),
     json_out: Optional[str] = typer.Option(None, "--json", metavar="FILE", help=JSON_HELP),
@@ -163,16 +163,20 @@ def _show_embeddings(result: EmbedResult, out: Optional[Path], json_out: Optiona
         console.print(t)
     what = f"labelled by {result.k} neighbours in {result.gallery} ({result.gallery_size} images)" if result.gallery else "embedded"
     _summary(result.skipped, f"{len(result.paths)} image(s) {what} with {result.model} ({result.backend}, "
-             f"{result.precision}; {result.task.describe()}) at {result.images_per_second:.1f} images/s")
+             f"{result.precision}; {result.task.describe()}) at {result.images_per_second:.1f} images/s",
+             gallery_skipped=len(result.gallery_skipped))
 
 
-def _summary(skipped: list[tuple[Path, str]], line: str) -> None:
-    """The unreadable files, one line each, then the run's line; partly done (exit 3) when any were skipped."""
+def _summary(skipped: list[tuple[Path, str]], line: str, gallery_skipped: int = 0) -> None:
+    """The unreadable files, one line each, then the run's line; partly done (exit 3) when any were skipped, input
+    images or --gallery images (each named in a note): a label voted by fewer gallery images than the folder holds is
+    not the whole answer asked for."""
     from vitdeploy.core.text import printable
 
     for p, why in skipped:
         err_console.print(f"skipped {printable(p)}: {why}", highlight=False, soft_wrap=True)
-    err_console.print(line + (f"; {len(skipped)} unreadable file(s) skipped" if skipped else ""),
-                      highlight=False, soft_wrap=True)
-    if skipped:
+    tail = (f"; {len(skipped)} unreadable file(s) skipped" if skipped else "") + (
+        f"; {gallery_skipped} unreadable gallery image(s) skipped" if gallery_skipped else "")
+    err_console.print(line + tail, highlight=False, soft_wrap=True)
+    if skipped or gallery_skipped:
         raise typer.Exit(EXIT_PARTIAL)

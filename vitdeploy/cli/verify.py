@@ -123,6 +123,8 @@ def _classifier_rows(t: Table, report: VerifyReport) -> None:
 def _embedding_rows(t: Table, report: EmbeddingVerifyReport) -> None:
     """The embedding figures (checks/judge.py): kNN top-1 on class folders, per-image cosine, relative Frobenius
     error, nearest-neighbour agreement, and the patch-token cosine where the artifacts have patch tokens."""
+    from vitdeploy.checks.verify import NN_MIN_IMAGES
+
     labeled = report.labels is not None
     patches = any(r.patches is not None for r in report.candidates)
     heads = (["kNN top-1"] if labeled else []) + ["cos mean", "cos p1", "cos min", "rel. Frob.", "NN agree"]
@@ -134,7 +136,7 @@ def _embedding_rows(t: Table, report: EmbeddingVerifyReport) -> None:
         row: list[str | Text] = [Text.assemble(f"{r.artifact}\n", (f"{r.backend} · {r.precision}", "dim"))]
         row += [_pct(r.knn_top1)] if labeled else []
         row += [f"{c.cosine_mean:.6f}", f"{c.cosine_p1:.6f}", f"{c.cosine_min:.6f}", f"{c.rel_frobenius:.2e}",
-                _pct(c.nn_agreement)]
+                _pct(c.nn_agreement if c.rows >= NN_MIN_IMAGES else None)]  # one image: no neighbour, undefined
         if patches:
             row.append(f"{float(r.patches.cosine.min()):.6f}" if r.patches is not None else "—")
         row.append("ref" if r.is_reference else ("ok" if r.passed else Text("FAIL", "bold red")))

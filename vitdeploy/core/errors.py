@@ -64,6 +64,11 @@ class StaleArtifact(VitdeployError):
     """A derived artifact whose recorded source is not the source beside it (made from an older model)."""
 
 
+class BudgetMissed(VitdeployError):
+    """The INT8 guard could not bring the model within its budget even with every quantized layer in float: nothing
+    written (the one-command bundle then ships FP16 as its default and says why)."""
+
+
 class NonFiniteOutput(VitdeployError):
     """A model that answers NaN or Inf on some inputs: never a pass, whatever its agreement."""
 

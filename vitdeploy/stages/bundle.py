@@ -103,6 +103,9 @@ class BundleOptions:
     # what the bundle is for: every model given must have been made for it (None: the models' own, which must agree)
     target: str | None = None
     remake: bool = True  # re-make a stale artifact from its current source with its recorded settings (else refuse)
+    # the INT8's one verdict on its budget (checks/guard.Verdict) when the caller measured it on the guard's image set
+    # (the one command from a checkpoint: stages/prepare.int8_verdict); None: read from the INT8's guard record
+    int8_verdict: Any = None
 
 
 @dataclass
@@ -123,6 +126,8 @@ class BundleResult:
     task: str = ""  # the model's task, as core/task.Task.describe() says it
     # an embedding model: each precision judged against FP32 on the reference images (checks/judge.py), in order
     judged: list[dict[str, Any]] = field(default_factory=list)
+    verdict: Any = None  # the INT8's verdict on its budget (checks/guard.Verdict), None without an INT8
+    default_why: str = ""  # why the default is not the first of int8 > fp16 > fp32 (an INT8 outside its budget)
 
     @property
     def is_embedding(self) -> bool:
@@ -551,9 +556,14 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     target = check_target(opts.target, {found[k]: m for k, m in manifests.items()},
                           {found[k]: a.model for k, a in arts.items()}, notes)
     precisions = [p for p in PRECISIONS if p in found]
-    default = opts.precision or next(p for p in ("int8", "fp16", "fp32") if p in found)
-    if default not in found:
-        raise UsageError(f"--precision {default}: no {default} model given (have {', '.join(precisions)})")
+    verdict = opts.int8_verdict
+    if verdict is None and "int8" in arts:
+        from vitdeploy.checks.guard import recorded_verdict
+
+        verdict = recorded_verdict(manifests["int8"])
+    default, default_why = choose_default(opts.precision, found, verdict)
+    if default_why:
+        notes.append(default_why)
     base = manifests["fp32"] if "fp32" in manifests else manifests[default]
     task = task_of(base)  # asked once: what the outputs are and how they are judged (checks/judge.py)
     judge = judge_for(base)
@@ -618,7 +628,7 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     say("checking every model against each TensorRT line")
     variants: dict[str, OnnxArtifact] = {}
     matrix = support_matrix(root, arts, sha, target, artifacts, raw_models, images, x, logits_of, notes, variants)
-    judged = judge_precisions(judge, logits_of, ref_runner, notes)
+    judged = judge_precisions(judge, logits_of, ref_runner, notes, verdict if "int8" in found else None)
 
     # DeepStream: float 0–255 NCHW input (nvinfer feeds float tensors); a classifier's softmax probabilities out,
     # an embedding model's tensors as they are (attached as tensor meta: bundle_configs.deepstream_config)
@@ -698,6 +708,8 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
                     {p: check_thresholds(judge, p) for p in precisions} if task.is_embedding else CHECK_TOLERANCE),
                 **({"judged": judged} if judged else {}),
             },
+            # the INT8's one verdict on its budget, on the guard's image set (not on the reference images)
+            **({"int8_verdict": verdict.to_dict()} if verdict is not None else {}),
             "notes": notes,
             "created_with": tool_versions("onnx", "onnxruntime", "numpy"),
         },
@@ -727,15 +739,46 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     (root / "manifest.json").write_text(manifest.to_json(indent=2) + "\n")
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     return BundleResult(root, precisions, default, files, embed_err, ref_source, exported, notes, matrix, ref_runner,
-                        skipped=refs.skipped, task=task.describe(), judged=judged)
+                        skipped=refs.skipped, task=task.describe(), judged=judged, verdict=verdict,
+                        default_why=default_why)
+
+
+def choose_default(asked: str | None, found: dict[str, Path], verdict: Any) -> tuple[str, str]:
+    """The precision build_engine.sh, run.py, Triton and DeepStream use, and why when it is not the first of
+    int8 > fp16 > fp32. An INT8 whose one verdict (``verdict``, checks/guard.Verdict: the guard's, on its image set)
+    is outside its budget is never the default: FP16 is (else FP32), and the reason is said; asked for by
+    ``--precision int8``, it is refused (exit 1) before any work. Only an INT8 is missing with nothing else given
+    is refused too: the bundle never ships an INT8 outside its budget as its default with exit 0."""
+    outside = "int8" in found and verdict is not None and verdict.outside
+    if asked is not None:
+        if asked not in found:
+            raise UsageError(f"--precision {asked}: no {asked} model given (have {', '.join(p for p in PRECISIONS if p in found)})")
+        if asked == "int8" and outside:
+            raise VitdeployError(
+                f"--precision int8: {ONNX_NAMES['int8']} is {verdict.line()}; an INT8 outside its budget is never the "
+                "bundle's default: calibrate it again with the guard (vitdeploy calibrate model.onnx --eval DIR keeps "
+                "layers in float until it fits), or choose --precision fp16")
+        return asked, ""
+    if outside:
+        rest = [p for p in ("fp16", "fp32") if p in found]
+        if not rest:
+            raise VitdeployError(f"{ONNX_NAMES['int8']} is {verdict.line()}, and no FP16 or FP32 model is given to be "
+                                 "the default in its place: pass model.fp16.onnx or model.onnx too, or calibrate again")
+        return rest[0], (f"{rest[0].upper()} is the default, not INT8: {ONNX_NAMES['int8']} is {verdict.line()} "
+                         f"(it is packed, and build_engine.sh --precision int8 still builds it)")
+    return next(p for p in ("int8", "fp16", "fp32") if p in found), ""
 
 
 def judge_precisions(judge: EmbeddingJudge | None, outputs: dict[str, np.ndarray], runners: dict[str, str],
-                     notes: list[str]) -> list[dict[str, Any]]:
+                     notes: list[str], verdict: Any = None) -> list[dict[str, Any]]:
     """An embedding model's end-of-run table: each precision's reference embeddings (on the runner run.py --check's
-    reference came from: the oracle for a TensorRT target) judged against FP32's by checks/judge.py, with the
-    precision's budget. A classifier: [] (its table is the top-1 receipt). An artifact outside its budget is noted,
-    not refused: calibrate's guard (--min-cosine) is where INT8 is held to it; the bundle says what it packs."""
+    reference came from: the oracle for a TensorRT target) against FP32's, figures by checks/judge.py. A classifier:
+    [] (its table is the top-1 receipt).
+
+    The reference images are not a vote on the budget (one nearest neighbour among 16 images is 6 points): an INT8's
+    verdict is ``verdict``, the guard's on its image set (checks/guard.Verdict). A precision without one (FP16, an
+    INT8 calibrated without --eval) is held here to its per-image cosine gates only (mean, 1st percentile: what
+    run.py --check holds the device to); nearest-neighbour agreement is a figure in its row, never a verdict."""
     if judge is None:
         return []
     if "fp32" not in outputs:
@@ -745,13 +788,22 @@ def judge_precisions(judge: EmbeddingJudge | None, outputs: dict[str, np.ndarray
     for prec, got in outputs.items():
         c = judge.compare(outputs["fp32"], got)
         budget = judge.budget(prec)
-        failures = [] if prec == "fp32" else budget.failures(c)
-        rows.append({"artifact": ONNX_NAMES[prec], "precision": prec, "runner": runners[prec],
-                     "reference": prec == "fp32", **c.to_dict(), "budget": budget.to_dict(), "failures": failures})
-        if failures:
-            notes.append(f"{ONNX_NAMES[prec]} is outside the {prec} embedding budget on the reference images: "
-                         f"{'; '.join(failures)} (make it again with vitdeploy calibrate --min-cosine, or bundle "
-                         "--precision fp16)")
+        row: dict[str, Any] = {"artifact": ONNX_NAMES[prec], "precision": prec, "runner": runners[prec],
+                               "reference": prec == "fp32", **c.to_dict(), "budget": budget.to_dict()}
+        if prec == "fp32":
+            row.update(verdict="reference", judged_on="", failures=[])
+        elif prec == "int8" and verdict is not None and verdict.status != "unjudged":
+            row.update(verdict=verdict.status, judged_on=f"{verdict.images} images of {verdict.eval}",
+                       failures=list(verdict.failures))
+        else:
+            failures = [f for f in budget.failures(c) if not f.startswith("nearest-neighbour")]
+            row.update(verdict="outside" if failures else "within", failures=failures,
+                       judged_on=f"{c.rows} reference images (cosine)")
+            if failures:
+                notes.append(f"{ONNX_NAMES[prec]} is outside the {prec} embedding budget on the reference images: "
+                             f"{'; '.join(failures)} (make it again with vitdeploy calibrate --min-cosine, or bundle "
+                             "--precision fp16)")
+        rows.append(row)
     return rows
 
 

@@ -510,7 +510,9 @@ def _require_finite_fp32(ref: Any, manifest: Manifest, eval_dir: str | Path, src
 
 
 def _budget_missed(crit: Criterion, after: Any, excluded: int) -> VitdeployError:
-    return VitdeployError(f"{crit.missed(after, excluded, 'INT8')}; nothing written: loosen the budget or use FP16")
+    from vitdeploy.core.errors import BudgetMissed
+
+    return BudgetMissed(f"{crit.missed(after, excluded, 'INT8')}; nothing written: loosen the budget or use FP16")
 
 
 def _write_cache(cpath: Path, key: str, model_sha: str, files: list[str], n_read: int, ranges: dict[str, Any]) -> None:

@@ -16,11 +16,6 @@ from vitdeploy.core.errors import UsageError, VitdeployError
 from vitdeploy.core.lineage import STALE, source_link
 from vitdeploy.core.naming import ONNX_NAMES
 
-# The one-command path's INT8 budget: top-1 points lost against FP32 on the labeled images. Published W8A8 PTQ of ViTs
-# with LayerNorm/Softmax in float loses about 0.3 points (PTQ4ViT; shared/TENSORRT.md): over 1 point is below the state
-# of the art, so the guard keeps layers in float until the drop is within it.
-GUARD_MAX_DROP = 1.0
-
 
 def guard_budget(manifest: Any, images: Path | None, labeled: Path | None, notes: list[str]) -> dict[str, Any]:
     """calibrate's budget keywords for the one-command path, decided by the task (core/task.py), not the family.
@@ -28,14 +23,14 @@ def guard_budget(manifest: Any, images: Path | None, labeled: Path | None, notes
     A classifier: the top-1 budget (``max_drop``) on the labeled images, where there are some. An embedding model has
     no top-1: its budget is the mean per-image cosine to FP32 (checks/judge.embedding_budget("int8")), on the images
     given (labels not needed), passed as calibrate's ``min_cosine``."""
-    from vitdeploy.checks.judge import judge_for
+    from vitdeploy.checks.judge import CLASSIFIER_INT8_MAX_DROP, judge_for
 
     judge = judge_for(manifest)
-    if judge is None:
+    if judge is None:  # the classifier's budget: top-1 points lost against FP32 (the task's default, checks/judge.py)
         if labeled is None:
             notes.append("INT8 calibrated without an accuracy budget: --images has no labeled class sub-folders")
             return {}
-        return {"eval_dir": labeled, "max_drop": GUARD_MAX_DROP}
+        return {"eval_dir": labeled, "max_drop": CLASSIFIER_INT8_MAX_DROP}
     budget = judge.budget("int8")
     if images is None:  # calibrate's guard judges on an --eval folder, which here would be --images
         notes.append(f"INT8 calibrated without a cosine budget: pass --images for the guard to hold it to a mean "
@@ -52,6 +47,8 @@ class Prepared:
     made: list[str]  # files written this run (the rest were current and reused)
     rows: list[dict[str, Any]]  # artifact, target, top1, drop, agreement, size (bytes)
     notes: list[str] = field(default_factory=list)
+    # the INT8's one verdict on its budget (checks/guard.Verdict), on the guard's image set; None: no INT8 asked for
+    verdict: Any = None
 
 
 def _current_for(path: Path, target: str | None, quantizer: str | None = None) -> bool:
@@ -152,16 +149,28 @@ def prepare(ckpt: str | Path, images: str | Path | None, target: str | None = No
         ls = ImageSet.labeled(images, list(src.manifest.labels))
         labeled = Path(ls.source) if ls.labels is not None else None
     models = [fp32]
+    verdict = None
     if int8:
+        budget_notes: list[str] = []  # said when it calibrates (a reused INT8 was calibrated earlier)
+        budget = guard_budget(src.manifest, Path(images) if images is not None else None, labeled, budget_notes)
         if not _current_for(q8, target, quantizer):
+            notes += budget_notes
+            from vitdeploy.core.errors import BudgetMissed
             from vitdeploy.stages.precision import calibrate
 
             calib = images  # None: calibrate's one rule (calibration/, else the digits for a digits model)
-            budget = guard_budget(src.manifest, Path(images) if images is not None else None, labeled, notes)
             say("calibrating INT8" + (" with the accuracy guard" if budget else ""))
-            calibrate(fp32, calib, q8, target=target, quantizer=quantizer, **budget)
-            made.append(q8.name)
-        models.append(q8)
+            try:
+                calibrate(fp32, calib, q8, target=target, quantizer=quantizer, **budget)
+                made.append(q8.name)
+            except BudgetMissed as e:
+                if not fp16:  # the INT8 alone was asked for (--int8): nothing to ship in its place
+                    raise
+                verdict = _missed_verdict(budget, str(e))
+                notes.append(f"no INT8 shipped: the guard could not bring it within budget ({e}); FP16 is the default")
+        if verdict is None:
+            verdict = int8_verdict(fp32, q8, budget, target, say)
+            models.append(q8)
     if fp16:
         if not _current_for(h16, target):
             from vitdeploy.stages.precision import convert_fp16
@@ -173,7 +182,36 @@ def prepare(ckpt: str | Path, images: str | Path | None, target: str | None = No
     rows = _receipt_rows(models, labeled, target, say)
     if labeled is None and not embedding:
         notes.append("not verified on labels: --images has no labeled class sub-folders (top-1 and drop left blank)")
-    return Prepared(models, made, rows, notes)
+    return Prepared(models, made, rows, notes, verdict)
+
+
+def _missed_verdict(budget: dict[str, Any], why: str) -> Any:
+    """The verdict on an INT8 the guard could not bring within budget (calibrate wrote nothing): outside."""
+    from vitdeploy.checks.guard import OUTSIDE, Verdict
+
+    return Verdict(OUTSIDE, eval=str(budget.get("eval_dir", "")), failures=(why.split("; nothing written")[0],),
+                   by="the guard, every quantized layer tried in float")
+
+
+def int8_verdict(fp32: Path, q8: Path, budget: dict[str, Any], target: str | None,
+                 say: Callable[[str], None]) -> Any:
+    """The one verdict on the INT8 for this command's budget (checks/guard.Verdict), on the guard's image set (all of
+    --images, or its labeled folder for a classifier): the guard's own record where it measured on those images (an
+    INT8 made now, or reused from a calibrate on the same folder), judged by the task against this budget; else, for
+    an INT8 reused from elsewhere, measured here as the guard measures. No eval set (``budget`` {}): the record's own
+    verdict, unjudged where it has none."""
+    from vitdeploy.checks.guard import measured_verdict, recorded_verdict
+
+    m = OnnxArtifact.open(q8).manifest
+    if not budget:
+        return recorded_verdict(m)
+    eval_dir = Path(budget["eval_dir"])
+    kw = {k: v for k, v in budget.items() if k != "eval_dir"}
+    rec = m.extra.get("guard")
+    if isinstance(rec, dict) and rec.get("eval") and Path(str(rec["eval"])).resolve() == eval_dir.resolve():
+        return recorded_verdict(m, kw)
+    say("judging the reused INT8 against FP32 on the images (the guard's measurement)")
+    return measured_verdict(fp32, q8, eval_dir, target, kw)
 
 
 def _receipt_rows(models: list[Path], labeled: Path | None, target: str | None,
@@ -189,7 +227,7 @@ def _receipt_rows(models: list[Path], labeled: Path | None, target: str | None,
     rep = verify(models[0], models[1:], labeled)
     if isinstance(rep, EmbeddingVerifyReport):  # no top-1: an embedding model's figures (checks/judge.py)
         for row, e in zip(rows, rep.results, strict=True):
-            row.update(backend=e.backend, passed=e.passed, knn_top1=e.knn_top1,
+            row.update(backend=e.backend, knn_top1=e.knn_top1,
                        cosine_mean=None if e.is_reference else e.comparison.cosine_mean)
         return rows
     ref = rep.results[0]
@@ -198,5 +236,4 @@ def _receipt_rows(models: list[Path], labeled: Path | None, target: str | None,
         row["agreement"] = None if r.is_reference else r.agreement
         row["drop"] = None if r.is_reference or r.top1 is None or ref.top1 is None else (ref.top1 - r.top1) * 100
         row["backend"] = r.backend
-        row["passed"] = r.passed
     return rows

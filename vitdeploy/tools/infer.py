@@ -359,6 +359,8 @@ class EmbedResult:
     k: int = metrics.KNN_K
     predictions: list[Prediction] | None = None  # per image, with a gallery
     neighbours: list[list[Neighbour]] | None = None
+    # unreadable gallery images, skipped: the labels came from fewer neighbours than asked, so the run is partly done
+    gallery_skipped: list[tuple[Path, str]] = field(default_factory=list)
 
     @property
     def images_per_second(self) -> float:
@@ -384,7 +386,8 @@ class EmbedResult:
                              "images_per_second": self.images_per_second}
         if self.gallery is not None:
             d["gallery"] = {"folder": self.gallery, "images": self.gallery_size, "k": self.k,
-                            "temperature": metrics.KNN_T}
+                            "temperature": metrics.KNN_T,
+                            "skipped": [{"path": str(p), "why": why} for p, why in self.gallery_skipped]}
         d["embeddings"] = self.rows()
         d["skipped"] = [{"path": str(p), "why": why} for p, why in self.skipped]
         return d
@@ -471,6 +474,7 @@ def embed(
     if gallery is None:
         return res
     g_kept, g_vectors, g_skipped = _run_vectors(runner, g_files, batch_size, workers, on_batch)
+    res.gallery_skipped = list(g_skipped)
     for p, why in g_skipped:
         res.notes.append(f"gallery image {printable_name(p)} skipped: {why}")
     if not g_kept:

@@ -49,7 +49,20 @@ class ArtifactInfo:
 
     @property
     def current(self) -> bool:
-        return all(lk.state in ("current", "unrecorded") for lk in [*self.lineage, *self.files])
+        """Every lineage link and every checked bundle file as recorded (a bundle file a user may edit, such as its
+        README or a Triton config, is only 'edited': named, never a reason to call the models stale)."""
+        return all(lk.state in ("current", "unrecorded", EDITED) for lk in [*self.lineage, *self.files])
+
+    @property
+    def damaged(self) -> list[Link]:
+        """A bundle's models and reference files whose bytes are not the ones its manifest.json records (changed or
+        missing): run.py --check would judge the device against them, so info fails on them (exit 1)."""
+        return [lk for lk in self.files if lk.state in ("stale", "missing") and must_match(lk.source)]
+
+    @property
+    def edited(self) -> list[Link]:
+        """A bundle's files a user may edit (README, Triton and DeepStream configs, scripts) changed since packing."""
+        return [lk for lk in self.files if lk.state == EDITED]
 
     def to_dict(self) -> dict[str, Any]:
         m = self.manifest
@@ -163,27 +176,51 @@ def lineage(path: Path, m: Manifest) -> list[Link]:
     return links
 
 
+EDITED = "edited"  # a bundle file a user may edit (README, configs, scripts), changed since packing: a warning
+
+
+def must_match(name: str) -> bool:
+    """Whether a bundle file must still be the bytes manifest.json records: every model (``*.onnx``, Triton's copy
+    included) and every reference file (``reference/``: the images, inputs and outputs run.py --check judges the
+    device against). The rest (README, labels, Triton and DeepStream configs, run.py, build_engine.sh, cpp/) a user
+    may edit: a change there is named, not a failure."""
+    return name.endswith(".onnx") or name.startswith("reference/")
+
+
 def bundle_files(folder: Path, m: Manifest) -> list[Link]:
-    """Each file a bundle packed, against the SHA-256 its manifest recorded (a file edited after packing: stale).
-    Every entry is held to the bundle's own rule first (core.bundle_paths: relative, inside, a regular file, bounded):
-    a bundle someone sent is read only inside itself."""
+    """Each file a bundle wrote (manifest.json's ``bundle.files``, and its ``artifacts`` for a bundle made before the
+    file list existed) against the SHA-256 recorded there: a model or reference file changed or missing is stale or
+    missing (``ArtifactInfo.damaged``); any other file changed is edited. Every entry is held to the bundle's own rule
+    first (core.bundle_paths: relative, inside, a regular file, bounded): a bundle someone sent is read only inside
+    itself."""
     from vitdeploy.core.bundle_paths import bundle_file, bundle_sha256
 
+    raw = m.extra.get("bundle")
+    b: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    recorded_of: dict[Any, Any] = {}
+    for name, rec in (b.get("artifacts") or {}).items():
+        recorded_of[name] = rec.get("sha256") if isinstance(rec, dict) else None
+    files = b.get("files")
+    if isinstance(files, dict):
+        for name, sha in files.items():
+            recorded_of.setdefault(name, sha if isinstance(sha, str) else None)
+            if recorded_of[name] is None and isinstance(sha, str):
+                recorded_of[name] = sha
     out = []
-    for name, rec in (m.extra.get("bundle", {}).get("artifacts") or {}).items():
-        recorded = rec.get("sha256") if isinstance(rec, dict) else None
+    for name, recorded in recorded_of.items():
         f = folder / name if isinstance(name, str) else folder
         if isinstance(name, str) and not f.exists() and not f.is_symlink() and ".." not in name.split("/") \
                 and not name.startswith("/"):
-            out.append(Link(folder.name, name, recorded, None, "missing"))
+            out.append(Link(folder.name, name, recorded, None, "missing" if must_match(name) else EDITED))
             continue
         try:
             bundle_file(folder, name)
             actual = bundle_sha256(folder, name)
         except UnreadableArtifact as e:
             raise UnreadableArtifact(f"{folder}: {e}") from None
+        changed = "stale" if must_match(str(name)) else EDITED
         out.append(Link(folder.name, name, recorded, actual,
-                        "unrecorded" if not recorded else ("current" if actual == recorded else "stale")))
+                        "unrecorded" if not recorded else ("current" if actual == recorded else changed)))
     return out
 
 
@@ -235,8 +272,13 @@ def describe(i: ArtifactInfo) -> list[str]:
                 [i.path.name] + [f"{lk.source} ({lk.state})" for lk in i.lineage]))
         else:
             lines.append("  lineage        none recorded (made from a dataset or imported)")
-    for lk in i.files:
-        lines.append(f"  packed         {lk.source}: {lk.state}")
+    arts = (m.extra.get("bundle") or {}).get("artifacts") or {}
+    for lk in i.files:  # each model as before; any other file only when it is not as packed
+        if lk.source in arts or lk.state not in ("current", "unrecorded"):
+            lines.append(f"  packed         {lk.source}: {lk.state}")
+    if i.files:
+        ok = sum(lk.state == "current" for lk in i.files)
+        lines.append(f"  checked        {ok} of {len(i.files)} files as manifest.json records them (SHA-256)")
     for lk in i.lineage:
         if lk.state == "stale":
             lines.append(f"  stale: {lk.source} changed since {lk.artifact} was made from it; re-make it: "
@@ -244,6 +286,10 @@ def describe(i: ArtifactInfo) -> list[str]:
     for lk in i.files:
         if lk.state == "stale":
             lines.append(f"  stale: {lk.source} changed since the bundle was packed; re-make the bundle")
+        elif lk.state == "missing":
+            lines.append(f"  missing: {lk.source} is gone since the bundle was packed; re-make the bundle")
+        elif lk.state == EDITED:
+            lines.append(f"  edited: {lk.source} changed since the bundle was packed (a file you may edit)")
     versions = ", ".join(f"{k} {v}" for k, v in m.versions.items() if not isinstance(v, (dict, list)))
     if versions:
         lines.append(f"  versions       {versions}")
