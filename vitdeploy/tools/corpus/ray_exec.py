@@ -161,9 +161,11 @@ def decode_partitions(batch: dict[str, np.ndarray], listing: list[Any], todo: np
 class ModelActor:
     """The model stage: one runner per actor, loaded once, with the threads its CPUs allow."""
 
-    def __init__(self, model: list[Any], name: str, backend: str, threads: int, top_k: int) -> None:
+    def __init__(self, model: list[Any], name: str, backend: str, threads: int, top_k: int, batch_size: int) -> None:
         import ray
 
+        from vitdeploy.core.task import task_of
+        from vitdeploy.tools.corpus.batch import output_names
         from vitdeploy.tools.infer import open_model
 
         path = model[0]
@@ -173,11 +175,21 @@ class ModelActor:
             with open(path, "wb") as f:
                 f.write(ray.get(model[0]))
         self.runner, _ = open_model(path, backend, threads)
-        self.top_k = top_k
+        self.top_k, self.batch_size = top_k, batch_size
+        task = task_of(self.runner.manifest)
+        self.columns = output_names(self.runner.manifest, top_k)
+        self.dim = int(task.dim or 0) if task.is_embedding else 0
         self.node = ray.get_runtime_context().get_node_id()
         self.host = socket.gethostname()
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, block: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One decoded chunk (a whole partition where it fits in one), run in batches of ``batch_size``."""
+        n = len(block["id"])
+        parts = [self._run({k: v[s:s + self.batch_size] for k, v in block.items()})
+                 for s in range(0, n, self.batch_size)]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else self._run(block)
+
+    def _run(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from vitdeploy.tools.corpus.batch import NAN_REASON, output_columns
 
         t0 = time.perf_counter()
@@ -190,16 +202,16 @@ class ModelActor:
             cols, ok = output_columns(self.runner, np.ascontiguousarray(batch["pixels"][good]), self.top_k)
             where = np.flatnonzero(good)
             errors[where[~ok]] = NAN_REASON
-        for name, value in cols.items():
+        for name in self.columns:
+            value = cols.get(name)
             if name == "embedding":
-                full = np.zeros((n, value.shape[1]), np.float32)
-                full[good] = value
+                full = np.zeros((n, self.dim), np.float32)
             elif name.startswith("score"):
                 full = np.zeros(n, np.float32)
-                full[good] = value
             else:
                 full = np.full(n, "", object)
-                full[good] = np.asarray(value, object)
+            if value is not None:
+                full[good] = np.asarray(value, full.dtype)
             out[name] = full
         out["error"] = errors
         out["node"] = np.full(n, self.node, object)
@@ -303,10 +315,13 @@ def run_on_ray(listing: Any, todo: list[Any], model: Path, manifest: Any, backen
                                        "chunk": chunk})
         with warnings.catch_warnings():  # max_restarts is passed as a remote arg, which Ray 2.60 calls deprecated
             warnings.simplefilter("ignore")
-            ds = ds.map_batches(ModelActor, batch_size=batch_size, batch_format="numpy",
+            # batch_size=None: an actor takes a decoded chunk whole (a whole partition where it fits in 16 MB), so a
+            # shard is made on one node, and runs it in batches of --batch-size
+            ds = ds.map_batches(ModelActor, batch_size=None, batch_format="numpy",
                                 compute=ray.data.ActorPoolStrategy(size=plan.actors), **model_stage_request(plan),
                                 fn_constructor_kwargs={"model": _ship(model), "name": model.name, "backend": backend,
-                                                       "threads": plan.threads, "top_k": top_k})
+                                                       "threads": plan.threads, "top_k": top_k,
+                                                       "batch_size": batch_size})
         parts = {p.index: p for p in todo}
         building: dict[int, ShardBuilder] = {}
         seconds: dict[int, float] = {}
