@@ -12,7 +12,6 @@ from vitdeploy.cli.app import check_json_dest, emit_json, err_console, text_colu
 from vitdeploy.core.errors import EXIT_PARTIAL, UsageError
 
 
-
 def is_shard_dir(out: Path) -> bool:
     """-o names a shard folder: no suffix, a trailing / (as typed: Typer's Path drops it), or a folder already."""
     if out.is_dir():

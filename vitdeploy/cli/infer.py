@@ -44,6 +44,7 @@ def infer(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
     from rich.table import Table
 
+    from vitdeploy.cli.corpus import corpus_options_without_dir, is_shard_dir, run_corpus
     from vitdeploy.core.task import task_of
     from vitdeploy.core.text import printable
     from vitdeploy.tools.infer import (
@@ -56,8 +57,6 @@ def infer(
         write_predictions,
     )
     from vitdeploy.tools.infer import infer as run_infer
-
-    from vitdeploy.cli.corpus import corpus_options_without_dir, is_shard_dir, run_corpus
 
     if out is not None and is_shard_dir(out):
         run_corpus(images, out, model, backend, batch_size, top_k, threads, workers, json_out, gallery, shard_size,

@@ -204,6 +204,7 @@ class ModelActor:
             errors[where[~ok]] = NAN_REASON
         for name in self.columns:
             value = cols.get(name)
+            full: np.ndarray
             if name == "embedding":
                 full = np.zeros((n, self.dim), np.float32)
             elif name.startswith("score"):
@@ -310,8 +311,9 @@ def run_on_ray(listing: Any, todo: list[Any], model: Path, manifest: Any, backen
         # the decode tasks ask for the memory of the chunks they hold, which also keeps them a stage of their own:
         # Ray Data fuses a task stage into the actors that follow when their resource requests are equal (0.5 and
         # 0.5 CPU on 2 cores), and decoding would then run inside the model's actors
-        ds = ds.map_batches(decode_partitions, batch_size=1, batch_format="numpy", num_cpus=plan.read_cpus,
-                            memory=2 * chunk * 3 * h * w * 4 + (64 << 20), fn_kwargs={"listing": listing_ref, "todo": table, "preprocess": pp.to_dict(),
+        ds = ds.map_batches(decode_partitions, batch_size=1, batch_format="numpy",  # type: ignore[arg-type]
+                            num_cpus=plan.read_cpus, memory=2 * chunk * 3 * h * w * 4 + (64 << 20),
+                            fn_kwargs={"listing": listing_ref, "todo": table, "preprocess": pp.to_dict(),
                                        "chunk": chunk})
         with warnings.catch_warnings():  # max_restarts is passed as a remote arg, which Ray 2.60 calls deprecated
             warnings.simplefilter("ignore")
@@ -360,9 +362,9 @@ def run_on_ray(listing: Any, todo: list[Any], model: Path, manifest: Any, backen
         except Exception as e:  # Ray wraps an actor's or a task's error: said in one line, the traceback in --debug
             from vitdeploy.core.errors import VitdeployError as VE
 
-            cause = e
-            while getattr(cause, "cause", None) is not None and cause is not cause.cause:  # RayTaskError chain
-                cause = cause.cause
+            cause: BaseException = e
+            while getattr(cause, "cause", None) is not None and cause is not getattr(cause, "cause", None):
+                cause = cause.cause  # type: ignore[attr-defined]  # a RayTaskError's chain
             if isinstance(cause, VE):
                 raise VE(str(cause), cause.exit_code) from e
             first = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__

@@ -290,7 +290,7 @@ def _finish(res: CorpusResult, folder: Path, n_parts: int) -> None:
 # --- the in-process executor -----------------------------------------------------------------------------------------
 
 
-def _load(item: tuple[int, str], pp: Any) -> Any:
+def _load(item: Any, pp: Any) -> Any:
     from vitdeploy.core.preprocess import preprocess_file
 
     return preprocess_file(item[1], pp)
@@ -310,11 +310,12 @@ def run_in_process(listing: Listing, todo: list[Partition], runner: Any, batch_s
         b = ShardBuilder(part.size, listing.has_classes)
         items = [(i, listing.path(i)) for i in range(part.start, part.stop)]
         for batch in iter_batches(items, pp, batch_size, workers=workers, loader=_load):
-            for (i, p), why in batch.skipped:
-                b.skip(i, p, why)
+            for item, why in batch.skipped:  # the items are (id, path): iter_batches hands them back as given
+                b.skip(item[0], item[1], why)  # type: ignore[index]
             if batch.paths:
                 cols, ok = output_columns(runner, batch.array, top_k)
-                ids = [i for i, _ in batch.paths]
-                b.add(ids, [p for _, p in batch.paths], [listing.class_of(i) for i in ids], cols, ok)
+                got: list[Any] = list(batch.paths)
+                ids = [int(it[0]) for it in got]
+                b.add(ids, [str(it[1]) for it in got], [listing.class_of(i) for i in ids], cols, ok)
             on_batch(len(batch.paths), len(batch.skipped))
         on_shard(part, b, time.perf_counter() - t0, None, host)
