@@ -28,10 +28,10 @@ def infer(
     threads: Optional[int] = typer.Option(None, **bounded("threads"), help="Inference threads (default: one per core)."),
     workers: Optional[int] = typer.Option(None, **bounded("reader_threads"), help="Reader threads decoding images ahead of the model (default: cores, at most 4)."),
     json_out: Optional[str] = typer.Option(None, "--json", metavar="FILE", help=JSON_HELP),
-    shard_size: Optional[int] = typer.Option(None, "--shard-size", min=1, max=10_000_000, help="-o DIR/ only: images per Parquet shard (default 10000); the same cut on every run, so the same command resumes."),
+    shard_size: Optional[int] = typer.Option(None, "--shard-size", **bounded("shard_size"), help="-o DIR/ only: images per Parquet shard (default 10000); the same cut on every run, so the same command resumes."),
     ray: bool = typer.Option(False, "--ray", help="-o DIR/ only: run on Ray Data: a new local Ray, or the cluster RAY_ADDRESS names (the variable alone never switches)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", metavar="HOST:PORT", help="-o DIR/ only: run on the Ray cluster at HOST:PORT (what `ray start --head` prints); implies --ray."),
-    actors: Optional[int] = typer.Option(None, "--actors", min=1, max=4096, help="With --ray: model actors (default: one per GPU for a GPU model, else the CPUs left after decoding, at least 2)."),
+    actors: Optional[int] = typer.Option(None, "--actors", **bounded("actors"), help="With --ray: model actors (default: one per GPU for a GPU model, else the CPUs left after decoding, at least 2)."),
     force: bool = typer.Option(False, "--force", help="-o DIR/ only: replace shards of another model found in DIR (otherwise refused)."),
 ) -> None:
     """Classify images: top-k labels and scores per image; unreadable files are named and skipped (exit 3).

@@ -67,6 +67,8 @@ def write_shard(folder: Path, index: int, table: Any, meta: dict[str, Any]) -> P
     path = folder / shard_name(index)
     doc = {"format": FORMAT, **meta}
     table = table.replace_schema_metadata({META_KEY: json.dumps(doc, allow_nan=False).encode()})
+    if path.is_symlink():  # a link where a shard goes is replaced itself, never written through
+        path.unlink()
     with atomic_path(path) as tmp:
         pq.write_table(table, str(tmp))
     return path
