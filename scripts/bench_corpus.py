@@ -81,7 +81,7 @@ def run(cmd: list[str], kill_when: Path | None = None, kill_at: int = 0) -> dict
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     hwm = 0
     killed = False
-    while p.poll() is None:
+    while not os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
         try:
             m = re.search(r"VmHWM:\s+(\d+) kB", Path(f"/proc/{p.pid}/status").read_text())
             hwm = max(hwm, int(m.group(1)) if m else 0)
@@ -92,8 +92,11 @@ def run(cmd: list[str], kill_when: Path | None = None, kill_at: int = 0) -> dict
             killed = True
             break
         time.sleep(0.05)
+    _, status, usage = os.wait4(p.pid, 0)  # the driver's own CPU time (and that of the children it reaped)
+    p.returncode = os.waitstatus_to_exitcode(status)
     out, err = p.communicate()
     return {"cmd": " ".join(cmd), "seconds": time.perf_counter() - t0, "rc": p.returncode, "rss_mib": hwm / 1024,
+            "cpu_seconds": usage.ru_utime + usage.ru_stime,
             "killed": killed, "stderr_tail": err.strip().splitlines()[-1:] if err.strip() else [],
             "session_pid": p.pid}
 
@@ -148,6 +151,7 @@ def main() -> int:
     ap.add_argument("--rss", default="10000,100000")
     ap.add_argument("--no-ray", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--sections", default="speed,resume,rss", help="which to run: speed, resume, rss")
     a = ap.parse_args()
     work = a.work
     work.mkdir(parents=True, exist_ok=True)
@@ -160,8 +164,22 @@ def main() -> int:
     report: dict = {"images": a.images, "bad": a.bad, "shard_size": a.shard_size, "cores": len(os.sched_getaffinity(0))}
     executors = [("in-process", [])] + ([] if a.no_ray else [("ray", ["--ray"])])
 
-    for f in (work / "today.npy", work / "today.files.txt"):
+    sections = set(a.sections.split(","))
+    if a.json and a.json.is_file():  # figures of an earlier run's other sections stay
+        report = {**json.loads(a.json.read_text()), **report}
+    for f in ([] if "speed" not in sections else [work / "today.npy", work / "today.files.txt"]):
         f.unlink(missing_ok=True)
+    speed(a, work, vd, model, corpus, executors, report) if "speed" in sections else None
+    if "resume" in sections:
+        resume(a, work, vd, model, corpus, executors, report)
+    if "rss" in sections:
+        rss(a, work, vd, model, corpus, executors, report)
+    save(report, a.json)
+    return 0
+
+
+def speed(a: argparse.Namespace, work: Path, vd: list[str], model: list[str], corpus: Path, executors: list,
+          report: dict) -> None:
     r = run([*vd, str(corpus), *model, "-o", str(work / "today.npy")])
     report["npy"] = r
     print(f"today's path   {r['seconds']:7.1f} s  {(a.images - a.bad) / r['seconds']:7.1f} images/s  rc {r['rc']}  "
@@ -191,12 +209,19 @@ def main() -> int:
         print(f"--ray / in-process time: {ratio:.2f}x (target: at most 1.2x + 30 s: "
               f"{report['ray']['seconds']:.1f} s vs {1.2 * report['in-process']['seconds'] + 30:.1f} s)")
 
-    # resume: SIGKILL once half the shards exist, then the same command again
+
+
+def resume(a: argparse.Namespace, work: Path, vd: list[str], model: list[str], corpus: Path, executors: list,
+           report: dict) -> None:
+    """A full run, then a run SIGKILLed once half the shards exist and the same command again, back to back (the
+    load of a shared machine changes by the minute: the ratio compares neighbours)."""
     n_shards = -(-a.images // a.shard_size)
     for name, extra in executors:
         out = work / f"resume-{name}"
         shutil.rmtree(out, ignore_errors=True)
         cmd = [*vd, str(corpus), *model, "-o", f"{out}/", "--shard-size", str(a.shard_size), *extra]
+        full_run = run(cmd)
+        shutil.rmtree(out, ignore_errors=True)
         k = run(cmd, kill_when=out, kill_at=n_shards // 2)
         time.sleep(2)  # a killed local Ray's daemons follow their driver (fate sharing)
         left_after_kill = ray_left(k["session_pid"]) if extra else []
@@ -204,20 +229,25 @@ def main() -> int:
         r = run(cmd)
         after = stat_of(out)
         _, _, ids, errors = shards(out)
-        full = report[name]["seconds"]
-        res = {"kill": k, "rerun": r, "shards_at_kill": len(before),
+        full = full_run["seconds"]
+        res = {"full": full_run, "kill": k, "rerun": r, "shards_at_kill": len(before),
+               "rerun_cpu_over_full_cpu": r["cpu_seconds"] / max(1e-9, full_run["cpu_seconds"]),
                "kept_unchanged": all(after.get(f) == v for f, v in before.items()),
                "each_once": len(ids) == len(set(ids)) == a.images - a.bad, "errors_listed": errors,
                "rerun_over_full": r["seconds"] / full, "ray_left_after_kill": left_after_kill}
         report[f"resume-{name}"] = res
         print(f"resume {name:10} killed with {len(before)}/{n_shards} shards; rerun {r['seconds']:.1f} s = "
-              f"{res['rerun_over_full']:.0%} of a full run ({full:.1f} s); finished shards kept bytes and mtime: "
+              f"{res['rerun_over_full']:.0%} of a full run ({full:.1f} s just before; driver CPU "
+              f"{r['cpu_seconds']:.1f} s vs {full_run['cpu_seconds']:.1f} s = {res['rerun_cpu_over_full_cpu']:.0%}); finished shards kept bytes and mtime: "
               f"{res['kept_unchanged']}; each image once: {res['each_once']}; rc {r['rc']}"
               + (f"; Ray processes left after the kill: {len(left_after_kill)}" if extra else "")
               + f"   $ {r['cmd']}")
         save(report, a.json)
 
-    # memory: the driver's peak RSS at 10k and 100k images
+
+def rss(a: argparse.Namespace, work: Path, vd: list[str], model: list[str], corpus: Path, executors: list,
+        report: dict) -> None:
+    """The driver's peak RSS at 10k and 100k images."""
     sizes = [int(s) for s in a.rss.split(",") if s]
     for name, extra in executors:
         for n in sizes:
@@ -233,8 +263,6 @@ def main() -> int:
         if len(sizes) == 2:
             d = report[f"rss-{name}-{sizes[1]}"]["rss_mib"] - report[f"rss-{name}-{sizes[0]}"]["rss_mib"]
             print(f"RSS {name}: {sizes[1]} images - {sizes[0]} images = {d:+.0f} MiB (target: within 60 MB)")
-    save(report, a.json)
-    return 0
 
 
 if __name__ == "__main__":
