@@ -92,7 +92,15 @@ def stat_of(folder: Path) -> dict[str, tuple[bytes, int]]:
     return {f.name: (f.read_bytes(), f.stat().st_mtime_ns) for f in sorted(folder.glob("part-*.parquet"))}
 
 
-def test_shards_hold_every_readable_image_once_with_todays_vectors(emb: Path, corpus: Path, tmp_path: Path) -> None:
+def closed_port() -> int:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_shards_hold_every_readable_image_once_with_todays_vectors(emb: Path, corpus: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{closed_port()}")  # the variable alone never switches executors
     out = tmp_path / "emb"
     rc, text = run("infer", str(corpus), "-m", str(emb), "--backend", "onnxruntime", "-o", f"{out}/",
                    "--shard-size", "30")
@@ -125,6 +133,7 @@ def test_shards_hold_every_readable_image_once_with_todays_vectors(emb: Path, co
         assert m["partition"]["index"] == i and m["rows"] == per[i]
         assert m["rows"] + m["skipped"] == (30 if i < 3 else 13)
         assert m["host"] == socket.gethostname() and m["seconds"] >= 0 and len(m["partition"]["source_hash"]) == 64
+        assert m["node"] is None  # made in-process, RAY_ADDRESS notwithstanding
 
 
 def test_a_rerun_keeps_finished_shards_remakes_changed_and_truncated_ones(emb: Path, corpus: Path,
@@ -219,19 +228,26 @@ def test_another_checkpoints_shards_are_refused_and_kept(digits_onnx: Path, digi
 
 
 def test_ray_options_are_refused_without_a_shard_folder_and_an_unreachable_cluster_writes_nothing(
-        emb: Path, corpus: Path, tmp_path: Path) -> None:
+        emb: Path, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     line = refused(2, "infer", str(corpus), "-m", str(emb), "--ray", "-o", str(tmp_path / "e.npy"))
     assert "--ray" in line and "-o DIR/" in line
     pytest.importorskip("ray")
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = closed_port()
     t0 = time.monotonic()
     line = refused(1, "infer", str(corpus), "-m", str(emb), "-o", f"{tmp_path / 'x'}/", "--ray-address",
                    f"127.0.0.1:{port}")
     assert time.monotonic() - t0 < 60
     assert f"127.0.0.1:{port}" in line and "ray start --head" in line
     assert not (tmp_path / "x").exists()
+
+    from vitdeploy.core.errors import VitdeployError
+    from vitdeploy.tools.corpus.ray_exec import resolve_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert resolve_address(None) == "local"  # --ray alone: a new local Ray, never ray.init()'s guess
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    with pytest.raises(VitdeployError, match="RAY_ADDRESS 127.0.0.1"):  # --ray joins the variable's cluster
+        resolve_address(None)
 
 
 def test_a_gpu_model_asks_ray_for_a_gpu_and_two_cores_leave_the_reader_a_cpu(tmp_path: Path) -> None:
