@@ -219,8 +219,6 @@ def _run(listing: Listing, folder: Path, model: Path, manifest: Any, runner: Any
     folder.mkdir(parents=True, exist_ok=True)
     for p in pl.remove:
         p.unlink(missing_ok=True)
-    if force:  # another checkpoint's shards that no partition keeps: made again below (renamed over)
-        pass
     res = CorpusResult(folder, model, runner.backend if runner is not None else backend,
                        runner.precision if runner is not None else str(manifest.precision),
                        "ray" if use_ray else "in-process", shards=len(pl.parts), kept=len(pl.kept),
