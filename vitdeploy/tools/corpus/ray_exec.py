@@ -273,7 +273,10 @@ def start_ray(address: str) -> bool:
         from vitdeploy.tools.bench import available_memory
 
         free = available_memory() or (4 << 30)
-        kwargs.update(num_cpus=available_cores(), object_store_memory=int(max(128 << 20, min(2 << 30, free // 5))))
+        # at least 2 logical CPUs: on 1 (a process pinned to one core, as pytest-xdist pins its workers) Ray Data
+        # never started a decode task beside the 0.5-CPU actor, and the run waited for ever (measured with Ray 2.60;
+        # a cluster of 1-CPU nodes waits the same way). Ray's CPUs are scheduling slots: the threads stay 1 per actor
+        kwargs.update(num_cpus=max(2, available_cores()), object_store_memory=int(max(128 << 20, min(2 << 30, free // 5))))
     try:
         ray.init(**kwargs)
     except (ConnectionError, TimeoutError, RuntimeError) as e:
