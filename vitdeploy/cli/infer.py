@@ -28,14 +28,23 @@ def infer(
     threads: Optional[int] = typer.Option(None, **bounded("threads"), help="Inference threads (default: one per core)."),
     workers: Optional[int] = typer.Option(None, **bounded("reader_threads"), help="Reader threads decoding images ahead of the model (default: cores, at most 4)."),
     json_out: Optional[str] = typer.Option(None, "--json", metavar="FILE", help=JSON_HELP),
+    shard_size: Optional[int] = typer.Option(None, "--shard-size", **bounded("shard_size"), help="-o DIR/ only: images per Parquet shard (default 10000); the same cut on every run, so the same command resumes."),
+    ray: bool = typer.Option(False, "--ray", help="-o DIR/ only: run on Ray Data: a new local Ray, or the cluster RAY_ADDRESS names (the variable alone never switches)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", metavar="HOST:PORT", help="-o DIR/ only: run on the Ray cluster at HOST:PORT (what `ray start --head` prints); implies --ray."),
+    actors: Optional[int] = typer.Option(None, "--actors", **bounded("actors"), help="With --ray: model actors (default: one per GPU for a GPU model, else the CPUs left after decoding, at least 2)."),
+    force: bool = typer.Option(False, "--force", help="-o DIR/ only: replace shards of another model found in DIR (otherwise refused)."),
 ) -> None:
     """Classify images: top-k labels and scores per image; unreadable files are named and skipped (exit 3).
 
     An embedding model answers a vector per image: written with the file names (-o FILE.npy, .json, .parquet, or
-    --json), and with --gallery DIR labelled by the nearest gallery images."""
+    --json), and with --gallery DIR labelled by the nearest gallery images.
+
+    -o DIR/ (no suffix, or a trailing /) writes a folder of Parquet shards (part-NNNNN.parquet, errors.parquet) from a
+    folder, a .txt list or a .parquet with a `path` column, in-process or on Ray (--ray); the same command resumes."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
     from rich.table import Table
 
+    from vitdeploy.cli.corpus import corpus_options_without_dir, is_shard_dir, run_corpus
     from vitdeploy.core.task import task_of
     from vitdeploy.core.text import printable
     from vitdeploy.tools.infer import (
@@ -48,6 +57,11 @@ def infer(
     )
     from vitdeploy.tools.infer import infer as run_infer
 
+    if out is not None and is_shard_dir(out):
+        run_corpus(images, out, model, backend, batch_size, top_k, threads, workers, json_out, gallery, shard_size,
+                   ray, ray_address, actors, force)
+        return
+    corpus_options_without_dir(shard_size, ray, ray_address, actors, force)
     inputs = [model, *images, gallery]
     if out is not None:
         from vitdeploy.core.fileio import check_output

@@ -47,6 +47,8 @@ RANGES: dict[str, Bounds] = {
     "images": {"min": 1, "max": 1_000_000},  # images sampled for calibration or a numerics scan
     "references": {"min": 1, "max": 1000},
     "top_k": {"min": 1, "max": 100_000},
+    "shard_size": {"min": 1, "max": 10_000_000},  # images per Parquet shard of infer -o DIR/ (the driver holds one)
+    "actors": {"min": 1, "max": 4096},  # Ray actors running the model (infer --actors)
     "image_size": {"min": 1, "max": 4096},
     "patch_size": {"min": 1, "max": 1024},
     "accum_steps": {"min": 1, "max": 4096},
