@@ -429,7 +429,8 @@ def embed(
 
     from vitdeploy.core.task import task_of
 
-    g_files, g_labels, classes = read_gallery(gallery) if gallery is not None else ([], [], [])
+    index_gallery = _open_index_gallery(gallery, runner)  # a .faiss index: checked before any image is read
+    g_files, g_labels, classes = read_gallery(gallery) if gallery is not None and index_gallery is None else ([], [], [])
     check_batch_fits(runner.manifest, batch_size)
     total = len(paths) + len(g_files)
     state = {"done": 0, "skipped": 0}
@@ -450,6 +451,10 @@ def embed(
         raise VitdeployError(f"none of the {len(paths)} image(s) could be read{first}")
     if gallery is None:
         return res
+    if index_gallery is not None:
+        from vitdeploy.tools.gallery_index import label_with_index
+
+        return label_with_index(res, index_gallery, top_k)  # type: ignore[no-any-return]
     g_kept, g_vectors, g_skipped = _run_vectors(runner, g_files, batch_size, workers, on_batch)
     for p, why in g_skipped:
         res.notes.append(f"gallery image {printable_name(p)} skipped: {why}")
@@ -477,6 +482,19 @@ def embed(
                                    for n, c in zip(idx[j, :NEIGHBOURS_SHOWN], sim[j, :NEIGHBOURS_SHOWN], strict=True)
                                    if np.isfinite(c)])
     return res
+
+
+def _open_index_gallery(gallery: str | Path | None, runner: Any) -> Any:
+    """A --gallery that names a FAISS index (``vitdeploy index``), opened and checked against the model; None for a
+    folder (or no gallery)."""
+    from vitdeploy.core.gallery import is_index_file
+
+    if not is_index_file(gallery):
+        return None
+    from vitdeploy.tools.gallery_index import open_for_runner
+
+    assert gallery is not None
+    return open_for_runner(gallery, runner)
 
 
 EMBEDDING_SUFFIXES = (".npy", ".json", ".parquet", ".csv")
