@@ -273,3 +273,41 @@ def test_a_million_vectors_fit_256mb_at_recall_095(tmp_path: Path) -> None:
     want = np.concatenate([exact_top(x, q[s : s + 100]) for s in range(0, 1000, 100)])
     mine = recall10(got, want)
     assert mine >= 0.95 - 0.01, mine  # 1,000 queries: one standard error of the mean is about 0.005
+
+
+# --- a bundle with a gallery ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_bundle_ships_the_gallery_and_run_py_labels_as_infer_does(emb_models: Path, digits_folder: Path,
+                                                                    digits_index: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "bundle"
+    code, text = run("bundle", str(emb_models / "embed.onnx"), str(emb_models / "embed.fp16.onnx"), "-o", str(out),
+                     "--gallery", str(digits_index), "-i", str(digits_folder / "val"), "--references", "12")
+    assert code == 0, text
+    m = json.loads((out / "manifest.json").read_text())["bundle"]
+    vec = np.load(out / m["gallery"]["vectors"])
+    assert vec.dtype == np.float16 and vec.shape == (1437, 96) and m["gallery"]["names"] == [str(i) for i in range(10)]
+    r = subprocess.run([sys.executable, "run.py", "--check", "--json"], cwd=out, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(r.stdout)
+    assert res["ok"] and res["gallery"]["ok"] and res["gallery"]["agree"] == 12, res
+    refs = out / "reference" / "images"
+    r = subprocess.run([sys.executable, "run.py", str(refs), "--json"], cwd=out, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    device = {Path(j["path"]).name: j["label"] for j in map(json.loads, r.stdout.splitlines())}
+    code, text = run("infer", str(refs), "-m", str(emb_models / "embed.fp16.onnx"), "--backend", "onnxruntime",
+                     "--gallery", str(digits_index), "--json", str(tmp_path / "host.json"))
+    assert code == 0, text
+    host = {Path(j["path"]).name: j["label"] for j in json.loads((tmp_path / "host.json").read_text())["embeddings"]}
+    assert len(device) == 12 and device == host
+    # the gallery's vectors changed after the bundle was made: --check refuses them
+    vec[0, 0] += 1
+    np.save(out / m["gallery"]["vectors"], vec)
+    r = subprocess.run([sys.executable, "run.py", "--check"], cwd=out, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "gallery/vectors.npy is not the file this bundle was made with" in r.stderr, r.stderr

@@ -39,6 +39,9 @@ def bundle(
     fp16: bool = typer.Option(False, "--fp16", help="From a checkpoint: make (or reuse) the FP16 model only, besides FP32."),
     quantizer: str = typer.Option("vitdeploy", "--quantizer", help="From a checkpoint: who makes the INT8, as calibrate's "
                                   "--quantizer: vitdeploy (ours, the default) or nncf (NNCF's, for -t cpu/openvino)."),
+    gallery: Optional[Path] = typer.Option(None, "--gallery", help="An embedding model: an index of its checkpoint's "
+                                           "embeddings (vitdeploy index, FILE.faiss) whose vectors (float16, up to 1M x "
+                                           "128-d) and classes the bundle ships; run.py labels images by their kNN vote."),
 ) -> None:
     """Write a self-contained folder for a Jetson, Triton or DeepStream: ONNX + raw-pixel variants, labels, run.py, build_engine.sh."""
     from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
@@ -55,8 +58,12 @@ def bundle(
     check_output(out, models or [], kind="dir")
     opts = BundleOptions(
         name=name, precision=precision, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
-        check_images=tuple(check_images or ()), references=references, force=force, target=target,
+        check_images=tuple(check_images or ()), references=references, force=force, target=target, gallery=gallery,
     )
+    if gallery is not None:
+        from vitdeploy.stages.bundle_gallery import check_gallery_size
+
+        check_gallery_size(gallery)  # before any work: the index, its classes, the size a bundle ships
     prepared = None
     if models and len(models) == 1 and models[0].suffix in (".pth", ".pt"):
         # one command from a checkpoint: export, INT8 and FP16 beside it (reused while current), verify, pack; every

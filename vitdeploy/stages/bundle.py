@@ -101,6 +101,7 @@ class BundleOptions:
     # what the bundle is for: every model given must have been made for it (None: the models' own, which must agree)
     target: str | None = None
     remake: bool = True  # re-make a stale artifact from its current source with its recorded settings (else refuse)
+    gallery: Path | None = None  # an index (vitdeploy index) whose vectors and classes run.py labels images with
 
 
 @dataclass
@@ -554,6 +555,10 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
         raise UsageError(f"--precision {default}: no {default} model given (have {', '.join(precisions)})")
     base = manifests["fp32"] if "fp32" in manifests else manifests[default]
     task = task_of(base)  # asked once: what the outputs are and how they are judged (checks/judge.py)
+    if opts.gallery is not None:  # an index of this checkpoint and width, refused before the work (bundle_gallery.py)
+        from vitdeploy.stages.bundle_gallery import check_bundle_gallery
+
+        check_bundle_gallery(opts.gallery, Path(found[default]), manifests[default], arts[default].sha256)
     judge = judge_for(base)
     labels_file(base.labels)  # a label labels.txt cannot hold is refused before any work
     pp = base.pp()
@@ -693,6 +698,13 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
             "created_with": tool_versions("onnx", "onnxruntime", "numpy"),
         },
     )
+
+    if opts.gallery is not None:
+        from vitdeploy.stages.bundle_gallery import ship_gallery
+
+        say("packing the gallery")
+        manifest.extra["bundle"]["gallery"] = ship_gallery(root, opts.gallery, Path(found[default]), manifests[default],
+                                                           sha[default], logits_of)
 
     values = {
         "NAME": name, "PRECISION": default, "AVAILABLE": " ".join(precisions), "H": h, "W": w,
