@@ -37,33 +37,33 @@ def open_for_runner(gallery: str | Path, runner: Any) -> IndexGallery:
     return g
 
 
-def label_with_index(res: Any, g: IndexGallery, top_k: int) -> Any:
-    """Fill an EmbedResult's kNN labels and nearest gallery images from the index; a query that is itself a
-    gallery file (same path) never votes for itself."""
+def knn_rows(g: IndexGallery, paths: list[Path], vectors: Any, top_k: int,
+             shown: int) -> tuple[int, list[tuple[list[str], list[float], list[tuple[str, str, float]]]], list[str]]:
+    """Per image: its top_k classes by their share of the k neighbours' weighted vote and its ``shown`` nearest
+    gallery images (path, class, cosine); with k and notes. A query that is itself a gallery file (same path) never
+    votes for itself."""
     import numpy as np
 
     from vitdeploy.core.fileio import printable_name
-    from vitdeploy.tools.infer import NEIGHBOURS_SHOWN, Neighbour, Prediction
 
     classes = g.classes
+    notes: list[str] = []
     show = min(top_k, len(classes))
     if top_k > len(classes):
-        res.notes.append(f"--top-k {top_k} is more than the gallery's {len(classes)} classes: showing {len(classes)}")
+        notes.append(f"--top-k {top_k} is more than the gallery's {len(classes)} classes: showing {len(classes)}")
     where = {os.path.abspath(p): i for i, p in enumerate(g.paths) if p} if any(g.paths) else {}
-    own = np.asarray([where.get(os.path.abspath(p), -1) for p in res.paths], np.int64) if where else \
-        np.full(len(res.paths), -1, np.int64)
+    own = np.asarray([where.get(os.path.abspath(p), -1) for p in paths], np.int64) if where else \
+        np.full(len(paths), -1, np.int64)
     k = min(metrics.KNN_K, g.size - int(bool((own >= 0).any())))
     if (own >= 0).any():
-        res.notes.append(f"{int((own >= 0).sum())} image(s) are gallery images too: each is labelled by the other "
-                         "gallery images (leave-one-out)")
-    res.gallery, res.gallery_size, res.predictions, res.neighbours, res.k = str(g.path), g.size, [], [], k
+        notes.append(f"{int((own >= 0).sum())} image(s) are gallery images too: each is labelled by the other "
+                     "gallery images (leave-one-out)")
+    out: list[tuple[list[str], list[float], list[tuple[str, str, float]]]] = []
     step = metrics.SIM_ROWS
-    for s in range(0, len(res.paths), step):
-        q = res.vectors[s : s + step]
-        rows, sims = search(g, q, k + int(bool((own[s : s + step] >= 0).any())))
+    for s in range(0, len(paths), step):
         mine = own[s : s + step]
-        drop = (rows == mine[:, None]) & (mine[:, None] >= 0)
-        sims = np.where(drop, -np.inf, sims)
+        rows, sims = search(g, vectors[s : s + step], k + int(bool((mine >= 0).any())))
+        sims = np.where((rows == mine[:, None]) & (mine[:, None] >= 0), -np.inf, sims)
         order = np.argsort(-sims, axis=1, kind="stable")[:, :k]
         rows, sims = np.take_along_axis(rows, order, axis=1), np.take_along_axis(sims, order, axis=1)
         y = g.class_index[np.where(rows >= 0, rows, 0)]
@@ -72,9 +72,7 @@ def label_with_index(res: Any, g: IndexGallery, top_k: int) -> Any:
         share = scores / np.maximum(scores.sum(axis=1, keepdims=True), 1e-300)
         top, val = metrics.top_k(share, show)
         for j in range(len(rows)):
-            res.predictions.append(Prediction(res.paths[s + j], [classes[c] for c in top[j]], [float(v) for v in val[j]]))
-            res.neighbours.append([Neighbour(printable_name(g.paths[r]) if g.paths[r] else f"id {int(g.ids[r])}",
-                                             classes[int(g.class_index[r])], float(c))
-                                   for r, c in zip(rows[j, :NEIGHBOURS_SHOWN], sims[j, :NEIGHBOURS_SHOWN], strict=True)
-                                   if np.isfinite(c)])
-    return res
+            near = [(printable_name(g.paths[r]) if g.paths[r] else f"id {int(g.ids[r])}", classes[int(g.class_index[r])],
+                     float(c)) for r, c in zip(rows[j, :shown], sims[j, :shown], strict=True) if np.isfinite(c)]
+            out.append(([classes[c] for c in top[j]], [float(v) for v in val[j]], near))
+    return k, out, notes

@@ -159,7 +159,10 @@ def read_embeddings(source: str | Path) -> Embeddings:
         if not parts:
             raise UsageError(f"{src}: no part-NNNNN.parquet shards in it: write them with `vitdeploy infer IMAGES -m "
                              f"MODEL -o {src}/`")
-        vecs, ids, paths, classes = [], [], [], []
+        vecs: list[Any] = []
+        ids: list[Any] = []
+        paths: list[Any] = []
+        classes: list[Any] = []
         model: dict[str, Any] = {}
         for part in parts:
             t, meta = _read_table(part, f"re-run the infer command that wrote {src} (it re-makes a broken shard)")
@@ -173,8 +176,9 @@ def read_embeddings(source: str | Path) -> Embeddings:
             paths += t.column("path").to_pylist() if "path" in t.column_names else [None] * t.num_rows
             classes += t.column("class").to_pylist() if "class" in t.column_names else [None] * t.num_rows
         vectors = np.concatenate(vecs) if vecs else np.zeros((0, 0), np.float32)
+        id_arr: Any
         if all(i is not None for i in ids):
-            id_arr = np.concatenate(ids)  # type: ignore[arg-type]
+            id_arr = np.concatenate(ids)
         else:
             id_arr = np.arange(len(vectors), dtype=np.int64)
         return Embeddings(src, vectors, id_arr, [str(p) if p is not None else "" for p in paths],
@@ -273,7 +277,7 @@ def recall_at(approx: Any, exact: Any, k: int = RECALL_K) -> float:
 def _set_param(index: Any, kind: str, value: int) -> None:
     import faiss
 
-    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap) else index
+    inner: Any = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap) else index
     if kind == "hnsw":
         inner.hnsw.efSearch = int(value)
     elif kind.startswith("ivf"):
@@ -307,6 +311,7 @@ def build_one(c: Candidate, base: Any, base_ids: Any, queries: Any, exact: Any, 
 
     t0 = time.perf_counter()
     d = base.shape[1]
+    index: Any
     if c.kind in ("flat", "hnsw"):
         index = faiss.IndexIDMap(faiss.index_factory(d, c.key, faiss.METRIC_INNER_PRODUCT))
     else:
@@ -316,7 +321,7 @@ def build_one(c: Candidate, base: Any, base_ids: Any, queries: Any, exact: Any, 
         ivf.cp.seed = seed
         n_train = min(len(base), max(64 * c.nlist, 39 * 256 if c.kind == "ivf-pq" else 0))
         if c.kind == "ivf-pq":  # codebooks of 256 codes: fewer than 39 vectors a code is what there is, said once
-            faiss.downcast_index(index).pq.cp.min_points_per_centroid = 1
+            faiss.downcast_index(index).pq.cp.min_points_per_centroid = 1  # type: ignore[attr-defined]
         rng = np.random.default_rng(seed)
         sample = base[np.sort(rng.choice(len(base), n_train, replace=False))] if n_train < len(base) else base
         say(f"training {c.key} on {n_train} vectors")

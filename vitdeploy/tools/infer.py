@@ -452,9 +452,7 @@ def embed(
     if gallery is None:
         return res
     if index_gallery is not None:
-        from vitdeploy.tools.gallery_index import label_with_index
-
-        return label_with_index(res, index_gallery, top_k)  # type: ignore[no-any-return]
+        return _label_with_index(res, index_gallery, top_k)
     g_kept, g_vectors, g_skipped = _run_vectors(runner, g_files, batch_size, workers, on_batch)
     for p, why in g_skipped:
         res.notes.append(f"gallery image {printable_name(p)} skipped: {why}")
@@ -495,6 +493,18 @@ def _open_index_gallery(gallery: str | Path | None, runner: Any) -> Any:
 
     assert gallery is not None
     return open_for_runner(gallery, runner)
+
+
+def _label_with_index(res: EmbedResult, g: Any, top_k: int) -> EmbedResult:
+    """An EmbedResult's kNN labels and nearest gallery images from an index gallery (tools/gallery_index.py)."""
+    from vitdeploy.tools.gallery_index import knn_rows
+
+    k, rows, notes = knn_rows(g, res.paths, res.vectors, top_k, NEIGHBOURS_SHOWN)
+    res.notes += notes
+    res.gallery, res.gallery_size, res.k = str(g.path), g.size, k
+    res.predictions = [Prediction(p, labels, scores) for p, (labels, scores, _) in zip(res.paths, rows, strict=True)]
+    res.neighbours = [[Neighbour(*n) for n in near] for _, _, near in rows]
+    return res
 
 
 EMBEDDING_SUFFIXES = (".npy", ".json", ".parquet", ".csv")

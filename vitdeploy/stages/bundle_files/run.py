@@ -910,7 +910,7 @@ def check_gallery(model: Any, art: dict, info: dict, pp: dict, batch: int) -> di
     got = run_batches(model, model_input(images, art["input"], pp), batch)
     label, _ = knn_labels(vectors, classes, len(names), got, k, temp)
     mine = [names[i] for i in label]
-    differ = [i for i, (a, b) in enumerate(zip(mine, want)) if a != b]
+    differ = [i for i, (a, b) in enumerate(zip(mine, want)) if a != b]  # noqa: B905 - Python 3.8
     return {"gallery": {"images": len(mine), "vectors": int(vectors.shape[0]), "k": k, "agree": len(mine) - len(differ),
                         "differ": differ, "ok": not differ and len(want) == len(mine)}}
 
