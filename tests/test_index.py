@@ -107,10 +107,10 @@ def test_a_shard_folder_becomes_an_exact_index_whose_ids_map_to_paths_and_classe
 
 
 def test_a_memory_budget_picks_a_compressed_index_tuned_to_the_recall_target(tmp_path: Path) -> None:
-    x, _ = mixture(20000, 64, 20, 0.1)  # 1,000 vectors a cluster: a cluster spans several inverted lists
+    x, _ = mixture(8000, 32, 8, 0.1)  # 1,000 vectors a cluster: a cluster spans several inverted lists
     np.save(tmp_path / "emb.npy", x)
-    budget = 3_000_000  # Flat would be 5.3 MB, HNSW 8 MB
-    code, out = run("index", str(tmp_path / "emb.npy"), "-o", str(tmp_path / "g.faiss"), "--memory", "3MB",
+    budget = 600_000  # Flat would be 1.1 MB, HNSW 3.3 MB
+    code, out = run("index", str(tmp_path / "emb.npy"), "-o", str(tmp_path / "g.faiss"), "--memory", "600kB",
                     "--recall", "0.95")
     assert code == 0, out
     meta = json.loads((tmp_path / "g.json").read_text())
@@ -119,21 +119,22 @@ def test_a_memory_budget_picks_a_compressed_index_tuned_to_the_recall_target(tmp
     index = faiss.read_index(str(tmp_path / "g.faiss"))
     nprobe = faiss.extract_index_ivf(index).nprobe
     assert meta["search"] == {"nprobe": nprobe} and nprobe > 1  # tuned, and stored in the file
-    q, _ = mixture(500, 64, 20, 0.1, seed=5)  # fresh queries: none is in the index
+    q, _ = mixture(500, 32, 8, 0.1, seed=5)  # fresh queries: none is in the index
     _, got = index.search(q, 10)
     mine = recall10(got, exact_top(x, q))
-    # the sidecar's figure is on 1,000 held-out vectors, ours on 500 others: about 2 standard errors apart at most
-    assert mine >= 0.95 - 0.02 and abs(mine - meta["recall_at_10"]) < 0.02, (mine, meta["recall_at_10"])
+    # the sidecar's figure is on 1,000 held-out vectors, ours on 500 others: 0.03 is about 3 standard errors of
+    # a mean of 0.95 over 500 queries (tenths of 10 neighbours each)
+    assert mine >= 0.95 - 0.03 and abs(mine - meta["recall_at_10"]) < 0.03, (mine, meta["recall_at_10"])
     _set = faiss.extract_index_ivf(index)
     _set.nprobe = 1  # the tuning was needed: one list alone misses neighbours
     assert recall10(index.search(q, 10)[1], exact_top(x, q)) < 0.95
 
 
 def test_memory_below_any_index_names_the_least_that_works(tmp_path: Path) -> None:
-    x, _ = mixture(2000, 32, 20, 0.1)
+    x, _ = mixture(1000, 16, 10, 0.1)
     np.save(tmp_path / "emb.npy", x)
     line = refusal(2, "index", str(tmp_path / "emb.npy"), "-o", str(tmp_path / "g.faiss"), "--memory", "10kB")
-    assert "below any index of 2000 32-d vectors" in line
+    assert "below any index of 1000 16-d vectors" in line
     least = re.search(r"pass --memory (\S+) or more", line)
     assert least is not None and not (tmp_path / "g.faiss").exists()
     code, out = run("index", str(tmp_path / "emb.npy"), "-o", str(tmp_path / "g.faiss"), "--memory", least.group(1),

@@ -69,9 +69,10 @@ class Lineage:
         return {"checkpoint": self.checkpoint, "lineage": list(self.shas)}
 
     def same_model(self, other: Lineage) -> bool:
-        """Same checkpoint when both roots are known; else the chains must share an artifact."""
-        if self.checkpoint and other.checkpoint:
-            return self.checkpoint == other.checkpoint
+        """The two chains share an artifact: the same checkpoint, or (where one chain breaks before its root, and
+        names the deepest SHA-256 it knows) an artifact of the other's chain. Two checkpoints never share one."""
+        if self.checkpoint and other.checkpoint and self.checkpoint == other.checkpoint:
+            return True
         mine = set(self.shas) | ({self.checkpoint} if self.checkpoint else set())
         theirs = set(other.shas) | ({other.checkpoint} if other.checkpoint else set())
         return bool(mine & theirs)
