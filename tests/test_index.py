@@ -279,6 +279,25 @@ def test_a_million_vectors_fit_256mb_at_recall_095(tmp_path: Path) -> None:
 # --- a bundle with a gallery ------------------------------------------------------------------------------------
 
 
+def test_run_py_searches_the_gallery_in_chunks_and_votes_as_infer_does(tmp_path: Path) -> None:
+    """run.py's kNN (numpy alone, a chunk of gallery rows at a time) against checks/metrics' exact vote over all of
+    it at once: the same labels, whatever the chunk."""
+    from helpers import load_run_py
+
+    from vitdeploy.checks import metrics
+
+    run_py = load_run_py(Path(__file__).resolve().parents[1] / "vitdeploy" / "stages" / "bundle_files" / "run.py")
+    g, y = mixture(3000, 24, 12, 0.3)
+    q, _ = mixture(200, 24, 12, 0.3, seed=3)
+    want = metrics.knn_predict(g, y, q, 12).argmax(axis=1)
+    for chunk in (7, 1000, 65536):
+        got, share = run_py.knn_labels(g.astype(np.float16), y, 12, q, 20, 0.07, chunk=chunk)
+        assert np.mean(got == want) >= 0.99 and ((share > 0) & (share <= 1)).all(), chunk  # float16 vs float64: a tie
+    assert np.mean(want == mixture(200, 24, 12, 0.3, seed=3)[1]) > 0.5  # a vote that means something
+
+
+
+
 @pytest.mark.slow
 def test_a_bundle_ships_the_gallery_and_run_py_labels_as_infer_does(emb_models: Path, digits_folder: Path,
                                                                     digits_index: Path, tmp_path: Path) -> None:

@@ -441,7 +441,8 @@ def build_index(
         else:
             say(f"building {c.key} (about {human(c.bytes)})")
             built = build_one(c, base, base_ids, queries, exact_ids, recall, seed, say)
-        size = len(faiss.serialize_index(built.index)) + 8 * n_q + (d + 8) * 0
+        size = len(faiss.serialize_index(built.index))
+        size += math.ceil(size / max(1, len(base)) * n_q)  # with the held-out vectors added back, about
         tried.append({**c.to_dict(), "build_seconds": round(built.seconds, 2), "recall_at_10": round(built.recall, 4),
                       "param": built.param, "tuning": built.tried, "bytes_before_held_out": size})
         if size > budget:
