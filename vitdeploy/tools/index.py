@@ -320,8 +320,10 @@ def build_one(c: Candidate, base: Any, base_ids: Any, queries: Any, exact: Any, 
         ivf.cp.niter = 10
         ivf.cp.seed = seed
         n_train = min(len(base), max(64 * c.nlist, 39 * 256 if c.kind == "ivf-pq" else 0))
-        if c.kind == "ivf-pq":  # codebooks of 256 codes: fewer than 39 vectors a code is what there is, said once
-            faiss.downcast_index(index).pq.cp.min_points_per_centroid = 1  # type: ignore[attr-defined]
+        if c.kind == "ivf-pq":
+            pq_index: Any = faiss.downcast_index(index)
+            pq_index.pq.cp.min_points_per_centroid = 1  # 256 codes: fewer than 39 vectors a code is what there is
+            pq_index.do_polysemous_training = False  # the factory's default: an annealing of minutes, for Hamming filters not used here
         rng = np.random.default_rng(seed)
         sample = base[np.sort(rng.choice(len(base), n_train, replace=False))] if n_train < len(base) else base
         say(f"training {c.key} on {n_train} vectors")
