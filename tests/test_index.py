@@ -59,8 +59,11 @@ def write_shards(folder: Path, x: np.ndarray, classes: list[str] | None, ids: np
 
 
 def exact_top(base: np.ndarray, q: np.ndarray, k: int = 10) -> np.ndarray:
+    """The k most similar rows of ``base`` per query, best first: numpy's exact search, independent of faiss."""
     sim = q @ base.T
-    return np.argsort(-sim, axis=1, kind="stable")[:, :k]
+    top = np.argpartition(-sim, k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(sim, top, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(top, order, axis=1)
 
 
 def recall10(got: np.ndarray, want: np.ndarray) -> float:
