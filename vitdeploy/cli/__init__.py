@@ -8,6 +8,7 @@ from vitdeploy.cli import engine as _engine  # noqa: F401
 from vitdeploy.cli import explain as _explain  # noqa: F401
 from vitdeploy.cli import export as _export  # noqa: F401
 from vitdeploy.cli import importers as _importers  # noqa: F401
+from vitdeploy.cli import index as _index  # noqa: F401
 from vitdeploy.cli import infer as _infer  # noqa: F401
 from vitdeploy.cli import info as _info  # noqa: F401
 from vitdeploy.cli import numerics as _numerics  # noqa: F401

@@ -47,6 +47,9 @@ def bundle(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write what was bundled (files, precisions, the default and "
                                             "why, the INT8's verdict on its budget, the receipt, notes) to FILE "
                                             "('-': stdout, the tables then go to stderr)."),
+    gallery: Optional[Path] = typer.Option(None, "--gallery", help="An embedding model: an index of its checkpoint's "
+                                           "embeddings (vitdeploy index, FILE.faiss) whose vectors (float16, up to 1M x "
+                                           "128-d) and classes the bundle ships; run.py labels images by their kNN vote."),
 ) -> None:
     """Write a self-contained folder for a Jetson, Triton or DeepStream: ONNX + raw-pixel variants, labels, run.py, build_engine.sh.
 
@@ -74,8 +77,12 @@ def bundle(
     show = err_console if to_stdout else console  # '-': stdout carries the JSON alone
     opts = BundleOptions(
         name=name, precision=precision, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
-        check_images=tuple(check_images or ()), references=references, force=force, target=target,
+        check_images=tuple(check_images or ()), references=references, force=force, target=target, gallery=gallery,
     )
+    if gallery is not None:
+        from vitdeploy.stages.bundle_gallery import check_gallery_size
+
+        check_gallery_size(gallery)  # before any work: the index, its classes, the size a bundle ships
     prepared = None
     if models and len(models) == 1 and models[0].suffix in (".pth", ".pt"):
         # one command from a checkpoint: export, INT8 and FP16 beside it (reused while current), verify, pack; every

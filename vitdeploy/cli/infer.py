@@ -24,7 +24,7 @@ def infer(
     batch_size: int = typer.Option(8, "--batch-size", "-b", **bounded("batch"), help="Images per model call."),
     top_k: int = typer.Option(5, "--top-k", "-k", **bounded("top_k"), help="Classes to report per image (clamped to the number of classes)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the results to FILE.csv or FILE.json instead of a table. An embedding model's vectors: FILE.npy (with FILE.files.txt, one file name per line in the rows' order, a backslash written \\\\ and a line feed \\n), FILE.json, or FILE.parquet (needs pyarrow); with --gallery also FILE.csv (the kNN labels)."),
-    gallery: Optional[Path] = typer.Option(None, "--gallery", help="An embedding model only: a labelled folder (one sub-folder of images per class) whose nearest images label each image, by DINOv2's weighted kNN vote (k=20, T=0.07); unreadable gallery images are named and skipped (exit 3)."),
+    gallery: Optional[Path] = typer.Option(None, "--gallery", help="An embedding model only: a labelled folder (one sub-folder of images per class) whose nearest images label each image, by DINOv2's weighted kNN vote (k=20, T=0.07), unreadable gallery images named and skipped (exit 3); or an index built by `vitdeploy index` (FILE.faiss) of the same checkpoint's embeddings."),
     threads: Optional[int] = typer.Option(None, **bounded("threads"), help="Inference threads (default: one per core)."),
     workers: Optional[int] = typer.Option(None, **bounded("reader_threads"), help="Reader threads decoding images ahead of the model (default: cores, at most 4)."),
     json_out: Optional[str] = typer.Option(None, "--json", metavar="FILE", help=JSON_HELP),

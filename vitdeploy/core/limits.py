@@ -119,3 +119,9 @@ def check_range(option: str, value: int | float | None, idea: str) -> None:
     b = RANGES[idea]
     if not (b["min"] <= value <= b["max"]):  # NaN fails both comparisons
         raise UsageError(range_message(option, value, b))
+
+
+# The largest gallery a bundle ships (bundle --gallery): its vectors as float16, 1M x 128-d. run.py searches it on the
+# device with numpy alone (a FAISS file needs faiss), in chunks of a memory map; past this size a device should query
+# an index with faiss instead of an exact search over every vector for every image.
+GALLERY_BYTES_MAX = 1_000_000 * 128 * 2  # 256 MB

@@ -106,6 +106,7 @@ class BundleOptions:
     # the INT8's one verdict on its budget (checks/guard.Verdict) when the caller measured it on the guard's image set
     # (the one command from a checkpoint: stages/prepare.int8_verdict); None: read from the INT8's guard record
     int8_verdict: Any = None
+    gallery: Path | None = None  # an index (vitdeploy index) whose vectors and classes run.py labels images with
 
 
 @dataclass
@@ -566,6 +567,10 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
         notes.append(default_why)
     base = manifests["fp32"] if "fp32" in manifests else manifests[default]
     task = task_of(base)  # asked once: what the outputs are and how they are judged (checks/judge.py)
+    if opts.gallery is not None:  # an index of this checkpoint and width, refused before the work (bundle_gallery.py)
+        from vitdeploy.stages.bundle_gallery import check_bundle_gallery
+
+        check_bundle_gallery(opts.gallery, Path(found[default]), manifests[default], arts[default].sha256)
     judge = judge_for(base)
     labels_file(base.labels)  # a label labels.txt cannot hold is refused before any work
     pp = base.pp()
@@ -714,6 +719,13 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
             "created_with": tool_versions("onnx", "onnxruntime", "numpy"),
         },
     )
+
+    if opts.gallery is not None:
+        from vitdeploy.stages.bundle_gallery import ship_gallery
+
+        say("packing the gallery")
+        manifest.extra["bundle"]["gallery"] = ship_gallery(root, opts.gallery, Path(found[default]), manifests[default],
+                                                           sha[default], logits_of)
 
     values = {
         "NAME": name, "PRECISION": default, "AVAILABLE": " ".join(precisions), "H": h, "W": w,

@@ -453,7 +453,8 @@ def embed(
 
     from vitdeploy.core.task import task_of
 
-    g_files, g_labels, classes = read_gallery(gallery) if gallery is not None else ([], [], [])
+    index_gallery = _open_index_gallery(gallery, runner)  # a .faiss index: checked before any image is read
+    g_files, g_labels, classes = read_gallery(gallery) if gallery is not None and index_gallery is None else ([], [], [])
     check_batch_fits(runner.manifest, batch_size)
     total = len(paths) + len(g_files)
     state = {"done": 0, "skipped": 0}
@@ -473,6 +474,8 @@ def embed(
         raise nothing_answered(len(paths), skipped)
     if gallery is None:
         return res
+    if index_gallery is not None:
+        return _label_with_index(res, index_gallery, top_k)
     g_kept, g_vectors, g_skipped = _run_vectors(runner, g_files, batch_size, workers, on_batch)
     res.gallery_skipped = list(g_skipped)
     for p, why in g_skipped:
@@ -500,6 +503,31 @@ def embed(
             res.neighbours.append([Neighbour(printable_name(g_kept[n]), classes[int(y[n])], float(c))
                                    for n, c in zip(idx[j, :NEIGHBOURS_SHOWN], sim[j, :NEIGHBOURS_SHOWN], strict=True)
                                    if np.isfinite(c)])
+    return res
+
+
+def _open_index_gallery(gallery: str | Path | None, runner: Any) -> Any:
+    """A --gallery that names a FAISS index (``vitdeploy index``), opened and checked against the model; None for a
+    folder (or no gallery)."""
+    from vitdeploy.core.gallery import is_index_file
+
+    if not is_index_file(gallery):
+        return None
+    from vitdeploy.tools.gallery_index import open_for_runner
+
+    assert gallery is not None
+    return open_for_runner(gallery, runner)
+
+
+def _label_with_index(res: EmbedResult, g: Any, top_k: int) -> EmbedResult:
+    """An EmbedResult's kNN labels and nearest gallery images from an index gallery (tools/gallery_index.py)."""
+    from vitdeploy.tools.gallery_index import knn_rows
+
+    k, rows, notes = knn_rows(g, res.paths, res.vectors, top_k, NEIGHBOURS_SHOWN)
+    res.notes += notes
+    res.gallery, res.gallery_size, res.k = str(g.path), g.size, k
+    res.predictions = [Prediction(p, labels, scores) for p, (labels, scores, _) in zip(res.paths, rows, strict=True)]
+    res.neighbours = [[Neighbour(*n) for n in near] for _, _, near in rows]
     return res
 
 

@@ -987,6 +987,110 @@ def check_line(r: dict) -> str:
     return line
 
 
+# --- a gallery (vitdeploy bundle --gallery gallery.faiss): kNN labels by exact search over its vectors -------------
+# numpy cannot read a FAISS file, so the bundle ships the index's vectors (float16, L2-normalised, [N, D]) and each
+# vector's class; a label is DINOv2's weighted kNN vote (k neighbours, each weighing exp(cos / T) for its class), the
+# vote `vitdeploy infer --gallery` casts. The search goes through the gallery GALLERY_CHUNK rows at a time (a memory
+# map, never all of it as float32), keeping each image's best k: memory stays bounded at any gallery size.
+
+GALLERY_CHUNK = 65536
+
+
+def gallery_of(info: dict) -> dict | None:
+    g = info.get("gallery")
+    return g if isinstance(g, dict) else None
+
+
+def file_sha256(rel: str) -> str:
+    path = bundle_file(rel)
+    h = hashlib.sha256()
+    with open(str(path), "rb") as f:
+        while True:
+            block = f.read(READ_CHUNK)
+            if not block:
+                break
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_gallery(g: dict) -> tuple:
+    """(vectors [N, D] float16 memory map, class index per row, class names, k, T), each file checked against the
+    SHA-256 manifest.json records for it."""
+    try:
+        vec_rel, cls_rel, names = g["vectors"], g["classes"], g["names"]
+        k, temp, sha = int(g["k"]), float(g["temperature"]), g["sha256"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise SystemExit(f"error: manifest.json's bundle.gallery has no valid {e}: copy the bundle again") from None
+    for rel in (vec_rel, cls_rel):
+        if not isinstance(sha, dict) or file_sha256(rel) != sha.get(rel):
+            raise SystemExit(f"error: {safe(rel)} is not the file this bundle was made with (its SHA-256 differs from "
+                             "manifest.json's): a corrupted or partial copy? copy the bundle again")
+    try:
+        vectors = np.load(str(bundle_file(vec_rel)), mmap_mode="r", allow_pickle=False)
+    except ValueError as e:
+        raise SystemExit(f"error: {safe(vec_rel)}: not a numpy array file ({_first_line(e)}): copy the bundle again") from None
+    classes = load_npy(cls_rel)
+    if vectors.ndim != 2 or classes.shape != (vectors.shape[0],) or not (0 < k) or not (temp > 0) or \
+            not isinstance(names, list) or (len(classes) and (classes.min() < 0 or classes.max() >= len(names))):
+        raise SystemExit(f"error: {safe(vec_rel)} and {safe(cls_rel)} do not make a gallery ({vectors.shape}, "
+                         f"{classes.shape}, {len(names) if isinstance(names, list) else '?'} classes): copy the bundle again")
+    return vectors, classes, [str(n) for n in names], k, temp
+
+
+def knn_labels(vectors: np.ndarray, classes: np.ndarray, num_classes: int, queries: np.ndarray, k: int,
+               temperature: float, chunk: int = GALLERY_CHUNK) -> tuple:
+    """(class index, vote share of it) per query: the exact k most cosine-similar gallery rows, searched a chunk of
+    rows at a time, vote exp(cos / T) each for their class."""
+    q = np.asarray(queries, np.float32)
+    q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+    k = max(1, min(k, vectors.shape[0]))
+    best_s = np.full((len(q), k), -np.inf, np.float32)
+    best_i = np.zeros((len(q), k), np.int64)
+    for s in range(0, vectors.shape[0], chunk):
+        block = np.asarray(vectors[s : s + chunk], np.float32)
+        sim = q @ block.T
+        cand_s = np.concatenate([best_s, sim], axis=1)
+        cand_i = np.concatenate([best_i, np.broadcast_to(np.arange(s, s + len(block)), sim.shape)], axis=1)
+        top = np.argpartition(-cand_s, k - 1, axis=1)[:, :k]
+        best_s, best_i = np.take_along_axis(cand_s, top, axis=1), np.take_along_axis(cand_i, top, axis=1)
+    z = best_s.astype(np.float64) / temperature
+    w = np.exp(z - z.max(axis=1, keepdims=True))
+    scores = np.zeros((len(q), num_classes))
+    np.add.at(scores, (np.repeat(np.arange(len(q)), k), classes[best_i].ravel()), w.ravel())
+    label = scores.argmax(axis=1)
+    share = scores[np.arange(len(q)), label] / np.maximum(scores.sum(axis=1), 1e-300)
+    return label, share
+
+
+def check_gallery(model: Any, art: dict, info: dict, pp: dict, batch: int) -> dict:
+    """--check with a gallery: the reference images' kNN labels from this model's embeddings equal the ones the
+    bundle computed the same way (this function's knn_labels) from its reference embeddings of this precision."""
+    g = gallery_of(info)
+    vectors, classes, names, k, temp = load_gallery(g or {})
+    prec = art["precision"]
+    want = (g or {}).get("reference_labels", {}).get(prec) if isinstance((g or {}).get("reference_labels"), dict) else None
+    if not isinstance(want, list):
+        raise SystemExit(f"error: manifest.json names no reference kNN labels for {prec} (bundle.gallery): copy the "
+                         "bundle again")
+    images = load_npy(info["reference"]["inputs"])
+    got = run_batches(model, model_input(images, art["input"], pp), batch)
+    label, _ = knn_labels(vectors, classes, len(names), got, k, temp)
+    mine = [names[i] for i in label]
+    differ = [i for i, (a, b) in enumerate(zip(mine, want)) if a != b]  # noqa: B905 - Python 3.8
+    return {"gallery": {"images": len(mine), "vectors": int(vectors.shape[0]), "k": k, "agree": len(mine) - len(differ),
+                        "differ": differ, "ok": not differ and len(want) == len(mine)}}
+
+
+def gallery_lines(gallery: tuple, files: list, out: np.ndarray, as_json: bool) -> None:
+    """Each image's kNN label and its vote share (the bundle's gallery), one line (or JSON line) per image."""
+    vectors, classes, names, k, temp = gallery
+    label, share = knn_labels(vectors, classes, len(names), out, k, temp)
+    for f, i, sh in zip(files, label, share):  # noqa: B905 - Python 3.8 (JetPack 5) has no strict=
+        print(json.dumps({"path": str(f), "label": names[i], "index": int(i), "score": float(sh), "knn": k})
+              if as_json else f"{safe(f)}\t{safe(names[i])}\t{sh:.4f}")
+    sys.stdout.flush()
+
+
 HEAD_VALUES = 8  # values of each vector printed as text (--json prints all); the C++ example prints as many
 
 
@@ -1219,6 +1323,9 @@ def _main(argv: list[str] | None = None) -> int:
     if args.check and embedding:
         result = {"model": run_onnx, "engine": entry["engine"] if entry else None, "backend": model.backend,
                   **check_embeddings(model, art, info, pp, manifest, args.batch), "edited": edited}
+        if gallery_of(info) is not None:  # the kNN labels too, against the bundle's on the reference images
+            result.update(check_gallery(model, art, info, pp, args.batch))
+            result["ok"] = result["ok"] and result["gallery"]["ok"]
         if isinstance(model, TrtModel):
             result["receipt"] = model.receipt()
         r = result
@@ -1229,6 +1336,11 @@ def _main(argv: list[str] | None = None) -> int:
               + check_line(r))
         if "receipt" in result and not args.json:
             print_receipt(result["receipt"])
+        if "gallery" in result and not args.json:
+            gr = result["gallery"]
+            print(f"{'OK' if gr['ok'] else 'FAILED'}: kNN labels over the gallery's {gr['vectors']} vectors (k={gr['k']}) "
+                  f"agree with the bundle's on {gr['agree']} of {gr['images']} reference images"
+                  + (f" (differ: {', '.join(map(str, gr['differ']))})" if gr["differ"] else ""))
         return 0 if r["ok"] else 1
     if args.check:
         images = load_npy(info["reference"]["inputs"])
@@ -1260,6 +1372,7 @@ def _main(argv: list[str] | None = None) -> int:
     files = list_images(args.images)
     if not files:
         ap.error("give image files or folders (or --check)")
+    gallery = load_gallery(gallery_of(info) or {}) if embedding and gallery_of(info) is not None else None
     status, done, checked = 0, 0, False
     saved_rows: list[np.ndarray] = []
     saved_tokens: list[np.ndarray] = []
@@ -1290,6 +1403,9 @@ def _main(argv: list[str] | None = None) -> int:
         if out_path is not None:
             saved_rows.append(out)
             saved_files += ok_files
+        if gallery is not None:  # an embedding model with a gallery: each image's kNN label
+            gallery_lines(gallery, ok_files, out, args.json)
+            continue
         if embedding:
             for f, v in zip(ok_files, out):  # noqa: B905 - Python 3.8 (JetPack 5) has no strict=
                 print(json.dumps({"path": str(f), "dim": int(v.shape[0]), "norm": float(np.linalg.norm(v.astype(np.float64))),
