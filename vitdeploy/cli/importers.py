@@ -114,17 +114,18 @@ def _import_zero_shot(source: Path, out: Path, arch: Optional[str], labels: Opti
                   TimeRemainingColumn(), console=err_console, transient=True,
                   disable=not err_console.is_terminal) as prog:
         task = prog.add_task("text tower", total=None)
-        start = time.monotonic()
-        said = [start]
+        clock: list[float] = []  # [start, last line]: from the text tower's first report, not the image tower's load
 
         def on_progress(done: int, total: int, phase: str = "text tower") -> None:
             prog.update(task, total=total, completed=done, description=phase)
             now = time.monotonic()
-            if not err_console.is_terminal and now - said[0] >= LOG_EVERY_S:
-                said[0] = now
+            if not clock:
+                clock.extend((now, now))
+            if not err_console.is_terminal and now - clock[1] >= LOG_EVERY_S:
+                clock[1] = now
                 unit = "classes" if phase == "comparing classes" else "prompts"
                 err_console.print(f"{phase}: {done:,}/{total:,} {unit} ({100 * done / max(1, total):.0f}%), "
-                                  f"{now - start:.0f} s", highlight=False, soft_wrap=True)
+                                  f"{now - clock[0]:.0f} s", highlight=False, soft_wrap=True)
 
         return import_checkpoint(source, out, arch=arch, labels=labels, image_size=size, zero_shot=request,
                                  progress=on_progress)

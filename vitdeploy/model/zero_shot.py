@@ -334,8 +334,10 @@ class HFTextTower(TextTower):
     def encode(self, prompts: list[str]) -> torch.Tensor:
         import torch
 
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=self.padding, truncation=False,
-                             max_length=self.context)
+        pad: dict[str, Any] = {"padding": self.padding}
+        if self.padding == "max_length":  # SigLIP: padded to its context, as it was trained
+            pad["max_length"] = self.context
+        enc = self.tokenizer(prompts, return_tensors="pt", truncation=False, **pad)
         if int(enc["input_ids"].shape[1]) > self.context:  # class_embeddings checked every prompt's length first
             raise VitdeployError(f"internal: a prompt of {int(enc['input_ids'].shape[1])} tokens reached the text tower")
         out = self.model.get_text_features(**{k: enc[k] for k in ("input_ids", "attention_mask") if k in enc})
