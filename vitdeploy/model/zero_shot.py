@@ -266,7 +266,7 @@ def _finite_scalar(model: Any, name: str, where: str, exp: bool = False) -> floa
 def _missing_text(folder: Path, weights: str, missing: list[str], save: str) -> UsageError:
     """Weights that lack tensors the classifier needs: the text tower, or only the logit scale or bias (then say so:
     issue 40 H, a missing logit_bias read as "lacks the text tower")."""
-    names = ", ".join(sorted(missing)[:3])
+    names = ", ".join(missing[:3])  # in the caller's order (the library's, or sorted)
     if any(not k.startswith(("logit_scale", "logit_bias")) for k in missing):
         return UsageError(f"{folder}: the weights lack the text tower ({names}); --classes needs both towers: {save}")
     return UsageError(f"{folder / weights}: no tensor {names} (the pair's learned logit "
@@ -306,7 +306,7 @@ class HFTextTower(TextTower):
                 self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
             except Exception as e:  # noqa: BLE001 - tokenizers raise Exception, RuntimeError, JSONDecodeError ...
                 raise tokenizer_error(folder, e) from None
-        missing = [k for k in info.get("missing_keys", ()) if not k.startswith("vision_model.")]
+        missing = sorted(k for k in info.get("missing_keys", ()) if not k.startswith("vision_model."))
         if missing:
             raise _missing_text(folder, weights, missing, save)
         mismatched = sorted((str(k), list(a), list(b)) for k, a, b in info.get("mismatched_keys", ()))
