@@ -337,10 +337,9 @@ def test_batches_answer_as_one_class_at_a_time_and_report_each_phase(pairs: dict
     """40 classes × 80 templates (3,200 prompts, 4 batches of 12 classes and one of 4): the class matrix equals the
     one each class gets alone (cosine >= 0.99999), and progress reports every phase up to its total."""
     import torch
+    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
 
     from vitdeploy.model.zero_shot import PROMPTS_PER_BATCH, class_embeddings, open_pair, read_templates, text_tower
-
-    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
 
     templates = read_templates("openai")
     # distinct words: a random tower's vectors of "object 12" and "object 21" (the same tokens) are 0.9999 apart
