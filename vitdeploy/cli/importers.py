@@ -9,6 +9,10 @@ from typing import Any, Optional
 import typer
 
 from vitdeploy.cli.app import app, console, err_console, handle_errors, next_step, text_column
+from vitdeploy.core.limits import RANGES
+
+# Off a terminal (a log, a pipe) the bar is off; a long text tower still says where it is, this often (seconds)
+LOG_EVERY_S = 30.0
 
 
 @app.command("import")
@@ -24,11 +28,13 @@ def import_(
     classes: Optional[Path] = typer.Option(
         None, "--classes", help="Class names, one per line: make a zero-shot classifier of a CLIP/SigLIP pair (a "
         "transformers CLIPModel/SiglipModel folder with its tokenizer, or an open_clip checkpoint); the text tower runs "
-        "once here and becomes the classifier head."),
+        "once here and becomes the classifier head. At least 2 names; at most "
+        f"{RANGES['prompts']['max']:,} prompts (classes × templates). A prompt longer than the text tower's context "
+        "is refused, never cut."),
     templates: Optional[str] = typer.Option(
         None, "--templates", help="With --classes: the prompts each class name is put in: openai (open_clip's 80 "
         "ImageNet templates, the default), simple (its 7), or a file of templates, one per line, each with {} for the "
-        "class name."),
+        "class name. A file named openai or simple here is refused as ambiguous: write ./openai for the file."),
 ) -> None:
     """Convert a ViT trained elsewhere into a vitdeploy checkpoint (labels, preprocessing and architecture inside).
 
@@ -45,8 +51,11 @@ def import_(
         raise UsageError(f"--classes names the classes of a zero-shot classifier of an image-text pair: drop "
                          f"{'--arch' if arch else '--labels'}")
     inputs = [source, labels, classes]
-    if templates is not None and templates not in ("openai", "simple"):
-        inputs.append(Path(templates))
+    if templates is not None:
+        from vitdeploy.model.zero_shot import check_templates_spec
+
+        if check_templates_spec(templates) not in ("openai", "simple"):
+            inputs.append(Path(templates))
     from vitdeploy.core.naming import CHECKPOINT_SUFFIXES
     from vitdeploy.model.sources import check_output_outside
 
@@ -90,20 +99,33 @@ def import_(
 
 def _import_zero_shot(source: Path, out: Path, arch: Optional[str], labels: Optional[Path],
                       size: Optional[tuple[int, int]], request: Any) -> tuple[Path, Any]:
-    """import --classes: the pair's text tower, with a progress bar over the classes."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    """import --classes: the pair's text tower, with a progress bar over its prompts (checked, then encoded) and the
+    classes (compared); off a terminal, a line every LOG_EVERY_S seconds, so a long list is never silent."""
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
 
     from vitdeploy.model.importers import import_checkpoint
 
     if err_console.is_terminal:  # progress (the bar below is shown on a terminal only, too)
         err_console.print(f"importing {source}: the image tower, then the text tower on the class names of "
                           f"{request.classes}…", highlight=False, soft_wrap=True)
-    with Progress(text_column("text tower", "bold"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
-        task = prog.add_task("classes", total=None)
+    with Progress(text_column("{task.description}", "bold"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=err_console, transient=True,
+                  disable=not err_console.is_terminal) as prog:
+        task = prog.add_task("text tower", total=None)
+        clock: list[float] = []  # [start, last line]: from the text tower's first report, not the image tower's load
 
-        def on_classes(done: int, total: int) -> None:
-            prog.update(task, total=total, completed=done)
+        def on_progress(done: int, total: int, phase: str = "text tower") -> None:
+            prog.update(task, total=total, completed=done, description=phase)
+            now = time.monotonic()
+            if not clock:
+                clock.extend((now, now))
+            if not err_console.is_terminal and now - clock[1] >= LOG_EVERY_S:
+                clock[1] = now
+                unit = "classes" if phase == "comparing classes" else "prompts"
+                err_console.print(f"{phase}: {done:,}/{total:,} {unit} ({100 * done / max(1, total):.0f}%), "
+                                  f"{now - clock[0]:.0f} s", highlight=False, soft_wrap=True)
 
         return import_checkpoint(source, out, arch=arch, labels=labels, image_size=size, zero_shot=request,
-                                 progress=on_classes)
+                                 progress=on_progress)

@@ -87,6 +87,15 @@ RANGES: dict[str, Bounds] = {
     # rotary temperature (timm: 10000, DINOv3: 100): a base raised to fractional powers, so above 1 and finite
     "rope_temperature": {"min": 1.0, "max": 1e9},
     "classes": {"min": 0, "max": 1_000_000},  # a head's classes, as id2label / label_names count them
+    # a zero-shot import's text tower (issue 40, G): its sizes come from the pair's config and are checked here before
+    # anything is allocated (an open_clip context_length of 10**9 asked 256 GB for its position embeddings). The
+    # context: a prompt is at least its text and an end token; real towers read 64 (SigLIP) .. 77 (CLIP) .. 512
+    # tokens. The vocabulary: Gemma's (SigLIP 2) has 256k entries.
+    "context_length": {"min": 2, "max": 8192},
+    "vocab_size": {"min": 2, "max": 1 << 21},
+    # classes x templates encoded by one import: 100,000 classes x open_clip's 80 templates (8M) fit; past 10M the
+    # text tower alone runs for hours on a CPU and the class list is no longer a list of names
+    "prompts": {"min": 1, "max": 10_000_000},
 }
 
 

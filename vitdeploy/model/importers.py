@@ -257,7 +257,7 @@ def import_checkpoint(
     labels: str | Path | None = None,
     image_size: tuple[int, int] | None = None,
     zero_shot: ZeroShotRequest | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[..., None] | None = None,
 ) -> tuple[Path, Manifest]:
     """Write any checkpoint load_any reads as a self-describing vitdeploy checkpoint; its path and manifest
     (so the caller need not read back what was just written).
@@ -266,7 +266,7 @@ def import_checkpoint(
     (model/pos_embed.py), RoPE tables recomputed, the preprocessing's input size follows.
 
     ``zero_shot`` (class names, templates): ``source`` is an image–text pair and the checkpoint a zero-shot
-    classifier of those classes (model/zero_shot.py); ``progress(done, total)`` follows its text tower, per class.
+    classifier of those classes (model/zero_shot.py); ``progress(done, total, phase)`` follows its text tower.
 
     After this, every command takes it without --arch/--labels (verify, infer, benchmark, explain …).
     """
