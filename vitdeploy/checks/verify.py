@@ -362,6 +362,25 @@ def compare(
     return res
 
 
+def made_from_reference(reference: Path, ref_manifest: Any, candidate: Path, manifest: Any) -> None:
+    """Refuse (exit 1, before any image is run) a candidate that is not of the reference's model: no SHA-256 in
+    common along their recorded chains (core/lineage.ancestors: model.int8.onnx and model.fp16.onnx share
+    model.onnx's, model.onnx records ckpt.pth's). Judging B.pth against A's model.onnx measures two models, not a
+    conversion. A chain with a stale link is left to the stale note; a folder (a Hugging Face model) is not hashed
+    as its import did, so it is not judged here."""
+    from vitdeploy.core.lineage import ancestors, descends_from, not_made_from
+
+    if reference.is_dir() or candidate.is_dir():
+        return
+    ref, ref_stale = ancestors(reference, ref_manifest)
+    cand, cand_stale = ancestors(candidate, manifest)
+    if ref_stale or cand_stale or not ref or not cand or ref & cand:
+        return
+    raise not_made_from(descends_from(candidate, reference, manifest), "verify", ways=(
+        f"verify compares one model's artifacts: pass the reference {candidate.name} was made from "
+        f"(`vitdeploy info {candidate}` names it), or make it again from {reference.name}"))
+
+
 def verify(
     reference: str | Path,
     candidates: Sequence[str | Path],
@@ -435,6 +454,7 @@ def verify(
                 _require_same_task(str(artifacts[0]), runners[0].manifest, str(a), runners[i].manifest)
                 require_same_model((str(artifacts[0]), runners[0].manifest), (str(a), runners[i].manifest),
                                    "verify compares artifacts of one model")
+                made_from_reference(artifacts[0], runners[0].manifest, a, runners[i].manifest)
                 link = source_link(a, runners[i].manifest)  # lineage: never judged silently when it is stale
                 if link.status == STALE:
                     notes.append(f"{a} is stale: made from an earlier {link.source.name if link.source else 'source'}; "

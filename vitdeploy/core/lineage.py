@@ -147,6 +147,7 @@ class Descent:
         return self.verdict in (DESCENDS, STALE)
 
     def made_from_text(self) -> str:
+        """What the chain ends at: the checkpoint (or model) it was made from, with its recorded SHA-256."""
         if self.made_from is None:
             return self.why or "no recorded source"
         sha = f" (SHA-256 {self.made_from_sha256[:12]})" if self.made_from_sha256 else ""
@@ -233,14 +234,18 @@ def ancestors(artifact: str | Path, manifest: Manifest | None = None) -> tuple[s
     return shas, False
 
 
-def not_made_from(d: Descent, command: str, remake: str | None = None) -> StaleArtifact:
+def not_made_from(d: Descent, command: str, remake: str | None = None, ways: str | None = None) -> StaleArtifact:
     """The one line that refuses an artifact in the way that is not made from the command's input: it names the input,
-    the artifact and what it was made from, and the ways out (a folder of its own, or making it again explicitly)."""
-    again = f"make it again from {d.origin.name} explicitly (`{remake}`, which replaces it)" if remake else \
-        f"remove {d.artifact.name} first"
-    return StaleArtifact(
-        f"{command}: {d.artifact} is in the way and was not made from {d.origin} (made from {d.made_from_text()}); "
-        f"nothing written, it is neither used nor replaced: run in a folder of its own, or {again}")
+    the artifact and what it was made from, and the ways out (a folder of its own, or making it again explicitly;
+    ``ways`` says them where the command is not about to write)."""
+    if ways is None:
+        again = f"make it again from {d.origin.name} explicitly (`{remake}`, which replaces it)" if remake else \
+            f"remove {d.artifact.name} first"
+        ways = f"nothing written, it is neither used nor replaced: run in a folder of its own, or {again}"
+        command += f": {d.artifact} is in the way and"
+    else:
+        command += f": {d.artifact}"
+    return StaleArtifact(f"{command} was not made from {d.origin} (made from {d.made_from_text()}); {ways}")
 
 
 def require_descends(artifact: str | Path, origin: str | Path, command: str, remake: str | None = None,
