@@ -140,6 +140,7 @@ class Descent:
     made_from: Path | None = None
     made_from_sha256: str | None = None
     why: str = ""
+    via: tuple[str, ...] = ()  # the recorded sources walked through before ``made_from`` (model.onnx for an INT8)
 
     @property
     def usable(self) -> bool:
@@ -152,7 +153,8 @@ class Descent:
             return self.why or "no recorded source"
         sha = f" (SHA-256 {self.made_from_sha256[:12]})" if self.made_from_sha256 else ""
         gone = "" if self.verdict != UNKNOWN else (", " + self.why if self.why else "")
-        return f"{self.made_from.name}{sha}{gone}"
+        via = f", through {' and '.join(self.via)}" if self.via else ""
+        return f"{self.made_from.name}{sha}{gone}{via}"
 
 
 def _manifest_of(path: Path) -> Manifest | None:
@@ -188,6 +190,7 @@ def descends_from(artifact: str | Path, origin: str | Path, manifest: Manifest |
     origin_sha = _sha(o) if o.is_file() else None  # a folder (Hugging Face): told by name, as its files were listed
     cur, m = a, manifest
     changed = False
+    via: list[str] = []
     for _ in range(_MAX_CHAIN):
         if m is None:
             m = _manifest_of(cur)
@@ -198,14 +201,16 @@ def descends_from(artifact: str | Path, origin: str | Path, manifest: Manifest |
             return Descent(a, o, UNKNOWN, None, None, f"{cur.name} records no source")
         assert link.source is not None
         if origin_sha is not None and link.recorded_sha256 == origin_sha:
-            return Descent(a, o, STALE if changed else DESCENDS, link.source, link.recorded_sha256)
+            return Descent(a, o, STALE if changed else DESCENDS, link.source, link.recorded_sha256, via=tuple(via))
         if _same_file(link.source, o):
-            return Descent(a, o, STALE, link.source, link.recorded_sha256)
+            return Descent(a, o, STALE, link.source, link.recorded_sha256, via=tuple(via))
         if link.status == MISSING:
-            return Descent(a, o, UNKNOWN, link.source, link.recorded_sha256, f"which is not beside {cur.name}")
+            return Descent(a, o, UNKNOWN, link.source, link.recorded_sha256, f"which is not beside {cur.name}",
+                           tuple(via))
         changed = changed or link.status == STALE
         if link.source.is_dir() or link.source.suffix not in (".onnx", *_ENGINES):
-            return Descent(a, o, FOREIGN, link.source, link.recorded_sha256)
+            return Descent(a, o, FOREIGN, link.source, link.recorded_sha256, via=tuple(via))
+        via.append(link.source.name)
         cur, m = link.source, None
     return Descent(a, o, UNKNOWN, None, None, f"its recorded sources run past {_MAX_CHAIN} links")
 

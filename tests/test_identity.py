@@ -1,0 +1,238 @@
+"""Identity in lineage: an artifact reused, packed, picked or replaced for a command descends from that command's input.
+
+Two checkpoints of one architecture and one set of classes side by side (the digits ViT as ckpt.pth, and B.pth: the
+same weights moved), with ckpt.pth's model.onnx, model.int8.onnx and model.fp16.onnx beside them. Current is not
+enough: those files are current (ckpt.pth is unchanged) and yet none of them is B.pth's model. `bundle B.pth` must
+neither ship them nor replace them without a word (issue 40, A); build-engine, calibrate and convert-fp16 must not
+replace another model's file at the name they chose; verify must not judge one model against another; infer's folder
+pick must not answer with another checkpoint's model. The command the user asked for (`export B.pth`) still replaces
+its own output, and then the rest is stale and re-made as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from vitdeploy.cli import app
+from vitdeploy.core.errors import StaleArtifact
+from vitdeploy.core.lineage import DESCENDS, FOREIGN, STALE, UNKNOWN, descends_from
+
+
+def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
+    """Every file under ``folder``: its SHA-256 and mtime (what "nothing written" is checked against)."""
+    return {str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def cli(*args: str) -> tuple[int, str]:
+    r = CliRunner().invoke(app, list(args), terminal_width=200)
+    return r.exit_code, r.output
+
+
+@pytest.fixture(scope="module")
+def b_ckpt(digits_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """B.pth: the digits ViT with every weight moved by 0.02·N(0, 1): another checkpoint, same classes and config."""
+    import torch
+
+    from vitdeploy.model.checkpoint import load_checkpoint, save_checkpoint
+
+    ck = load_checkpoint(digits_ckpt)
+    model = ck.build()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=g))
+    return save_checkpoint(tmp_path_factory.mktemp("b") / "B.pth", model, ck.manifest)
+
+
+@pytest.fixture(scope="module")
+def b_onnx(b_ckpt: Path) -> Path:
+    """B.pth's model.onnx, exported in a folder of its own."""
+    from vitdeploy.stages.export import export_onnx
+
+    return export_onnx(b_ckpt, b_ckpt.parent / "model.onnx", check=False).path
+
+
+@pytest.fixture
+def work(digits_ckpt: Path, digits_artifacts: Path, b_ckpt: Path, tmp_path: Path) -> Path:
+    """ckpt.pth with its model.onnx, model.int8.onnx (+ calibration cache) and model.fp16.onnx, and B.pth beside."""
+    d = tmp_path / "w"
+    d.mkdir()
+    shutil.copy2(digits_ckpt, d / "ckpt.pth")
+    for name in ("model.onnx", "model.int8.onnx", "model.int8.calib.json", "model.fp16.onnx"):
+        shutil.copy2(digits_artifacts / name, d / name)
+    shutil.copy2(b_ckpt, d / "B.pth")
+    return d
+
+
+def test_descends_from_walks_the_sha_chain_back_to_the_checkpoint(work: Path) -> None:
+    for name in ("model.onnx", "model.int8.onnx", "model.fp16.onnx"):
+        d = descends_from(work / name, work / "ckpt.pth")
+        assert d.verdict == DESCENDS and d.usable, (name, d)
+        d = descends_from(work / name, work / "B.pth")  # current, and yet not B's: made from ckpt.pth
+        assert d.verdict == FOREIGN and not d.usable and d.made_from == work / "ckpt.pth", (name, d)
+        assert d.made_from_sha256 == hashlib.sha256((work / "ckpt.pth").read_bytes()).hexdigest()
+    shutil.copy2(work / "ckpt.pth", work / "same-bytes.pth")  # a copy is the same input: the chain is by SHA-256
+    assert descends_from(work / "model.int8.onnx", work / "same-bytes.pth").verdict == DESCENDS
+    (work / "ckpt.pth").write_bytes((work / "B.pth").read_bytes())  # retrained into ckpt.pth: made from an earlier one
+    assert descends_from(work / "model.int8.onnx", work / "ckpt.pth").verdict == STALE
+    (work / "model.onnx").unlink()  # the INT8's recorded source is gone: nothing shows it is ckpt.pth's
+    d = descends_from(work / "model.int8.onnx", work / "ckpt.pth")
+    assert d.verdict == UNKNOWN and not d.usable and d.made_from == work / "model.onnx"
+
+
+@pytest.mark.parametrize("flags", [[], ["--int8"], ["--fp16"], ["-t", "trt10"], ["-t", "cpu", "--fp16"]],
+                         ids=["all", "int8", "fp16", "trt10", "cpu-fp16"])
+def test_bundle_of_another_checkpoint_refuses_before_any_work(work: Path, flags: list[str], digits_folder: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A (ckpt.pth)'s models in the folder; `bundle B.pth` exits 1 in one line naming B.pth, model.onnx and the
+    checkpoint it was made from, and the ways out; nothing is written or replaced, whatever the target (with -t the
+    earlier code re-made A's models over themselves and said only "made"); a re-run says the same."""
+    monkeypatch.chdir(work)
+    before = snapshot(work)
+    for _ in range(2):  # and on a re-run
+        code, out = cli("bundle", "B.pth", "-i", str(digits_folder / "val"), "-o", "bB", *flags)
+        assert code == 1, out
+        line = out.strip()
+        assert "\n" not in line and "Traceback" not in out, out
+        assert "B.pth" in line and "model.onnx" in line and "ckpt.pth" in line, line
+        assert "folder of its own" in line and "`vitdeploy export B.pth`" in line, line
+        assert not (work / "bB").exists() and snapshot(work) == before
+
+
+def test_bundle_refuses_an_int8_whose_recorded_source_is_gone(work: Path, digits_folder: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """model.onnx removed: the INT8 beside ckpt.pth records a source that is not there, so nothing shows it is
+    ckpt.pth's; it is neither calibrated over nor shipped (the earlier code exported model.onnx and replaced it)."""
+    monkeypatch.chdir(work)
+    (work / "model.onnx").unlink()
+    before = snapshot(work)
+    code, out = cli("bundle", "ckpt.pth", "-i", str(digits_folder / "val"), "-o", "b", "--int8")
+    assert code == 1 and "model.int8.onnx" in out and "not made from ckpt.pth" in out and "not beside" in out, out
+    assert snapshot(work) == before and not (work / "b").exists()
+
+
+def test_export_replaces_its_own_output_and_then_the_rest_is_stale(work: Path) -> None:
+    """The way out the refusal names: `export B.pth` (asked for) replaces model.onnx; the INT8 and FP16 made from the
+    earlier model.onnx are then stale (re-made by bundle as before), and bundle B.pth's check lets them through."""
+    from vitdeploy.stages.export import export_onnx
+    from vitdeploy.stages.prepare import check_identity
+
+    export_onnx(work / "B.pth", work / "model.onnx", check=False)
+    assert descends_from(work / "model.onnx", work / "B.pth").verdict == DESCENDS
+    assert descends_from(work / "model.onnx", work / "ckpt.pth").verdict == FOREIGN
+    for name in ("model.int8.onnx", "model.fp16.onnx"):
+        assert descends_from(work / name, work / "B.pth").verdict == STALE
+    check_identity(work / "B.pth", True, True)  # no refusal: re-made from B's model.onnx, as a stale file is
+    with pytest.raises(StaleArtifact, match="model.onnx is in the way and was not made from"):
+        check_identity(work / "ckpt.pth", True, True)
+
+
+@pytest.fixture
+def foreign_fp16(work: Path, b_onnx: Path) -> Path:
+    """B's model.onnx beside A's as other.onnx, and `convert-fp16 other.onnx -o model.fp16.onnx` made from it."""
+    from vitdeploy.stages.precision import convert_fp16
+
+    shutil.copy2(b_onnx, work / "other.onnx")
+    convert_fp16(work / "other.onnx", work / "model.fp16.onnx")
+    return work / "model.fp16.onnx"
+
+
+@pytest.mark.slow  # (a real FP16 made and converted again: 5 s under load)
+def test_convert_fp16_refuses_another_models_file_at_its_default_output(work: Path, foreign_fp16: Path) -> None:
+    from vitdeploy.stages.precision import convert_fp16
+
+    before = snapshot(work)
+    with pytest.raises(StaleArtifact) as e:
+        convert_fp16(work / "model.onnx")
+    msg = str(e.value)
+    assert "model.fp16.onnx is in the way and was not made from" in msg and "other.onnx" in msg and "\n" not in msg
+    assert f"-o {foreign_fp16}" in msg and snapshot(work) == before
+    (work / "other.onnx").unlink()  # its recorded source gone: still not shown to be model.onnx's
+    with pytest.raises(StaleArtifact, match="not beside"):
+        convert_fp16(work / "model.onnx")
+    convert_fp16(work / "model.onnx", foreign_fp16)  # -o naming it: asked for, replaced
+    assert descends_from(foreign_fp16, work / "model.onnx").verdict == DESCENDS
+
+
+def test_calibrate_refuses_another_models_int8_before_reading_an_image(work: Path, b_onnx: Path,
+                                                                       tmp_path: Path) -> None:
+    """model.int8.onnx made from other.onnx (B's model); `calibrate model.onnx` on a folder with no image in it
+    refuses the INT8 in the way first: no image was read, nothing written."""
+    from vitdeploy.core.artifact import OnnxArtifact
+    from vitdeploy.stages.precision import calibrate
+
+    shutil.copy2(b_onnx, work / "other.onnx")
+    # the manifest `calibrate other.onnx -o model.int8.onnx` writes (its source: other.onnx and its SHA-256)
+    q = OnnxArtifact.open(work / "model.int8.onnx")
+    man = q.manifest
+    man.source = OnnxArtifact.open(work / "other.onnx").source_record()
+    OnnxArtifact.write(q.model, man, work / "model.int8.onnx")
+    assert descends_from(work / "model.int8.onnx", work / "other.onnx").verdict == DESCENDS
+    before = snapshot(work)
+    empty = tmp_path / "no-images"
+    empty.mkdir()
+    with pytest.raises(StaleArtifact) as e:
+        calibrate(work / "model.onnx", empty)
+    assert "calibrate: " in str(e.value) and "other.onnx" in str(e.value) and snapshot(work) == before
+
+
+@pytest.mark.slow  # (a real FP16 or INT8 made from another model first: 3-5 s under load)
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_build_engine_refuses_another_models_artifact_in_the_way(work: Path, b_onnx: Path, precision: str,
+                                                                 digits_folder: Path, tmp_path: Path) -> None:
+    """`build-engine model.onnx --int8/--fp16` with model.int8.onnx / model.fp16.onnx made from another model there:
+    refused before calibrating or converting (the earlier code replaced it, then said only that TensorRT is missing)."""
+    from vitdeploy.stages.engine import BuildOptions, build_engine
+    from vitdeploy.stages.precision import calibrate, convert_fp16
+
+    shutil.copy2(b_onnx, work / "other.onnx")
+    if precision == "fp16":
+        convert_fp16(work / "other.onnx", work / "model.fp16.onnx")
+    else:
+        calibrate(work / "other.onnx", digits_folder / "val", work / "model.int8.onnx", num_images=64)
+    before = snapshot(work)
+    opts = BuildOptions(int8=precision == "int8", fp16=precision == "fp16", calib=tmp_path / "no-such-folder")
+    with pytest.raises(StaleArtifact) as e:
+        build_engine(work / "model.onnx", opts)
+    assert f"model.{precision}.onnx is in the way" in str(e.value) and "other.onnx" in str(e.value)
+    assert snapshot(work) == before
+
+
+@pytest.mark.slow  # (three models run on ten images: 5 s under load)
+def test_verify_refuses_a_candidate_of_another_checkpoint(work: Path, digits_val10: Path) -> None:
+    from vitdeploy.checks.verify import verify
+
+    with pytest.raises(StaleArtifact) as e:
+        verify(work / "B.pth", [work / "model.onnx"], digits_val10)
+    msg = str(e.value)
+    assert msg.startswith("verify: ") and "model.onnx was not made from" in msg and "ckpt.pth" in msg, msg
+    # one model's artifacts: INT8 and FP16 share model.onnx; both against the checkpoint they descend from
+    rep = verify(work / "model.int8.onnx", [work / "model.fp16.onnx", work / "ckpt.pth"], digits_val10)
+    assert len(rep.results) == 3
+
+
+def test_infer_folder_pick_passes_over_models_of_another_checkpoint(work: Path) -> None:
+    """Only B.pth here with ckpt.pth's models: the pick falls back to B.pth itself, naming each model passed over;
+    with ckpt.pth back, its INT8 is picked as before."""
+    from vitdeploy.tools.infer import pick_model
+
+    (work / "ckpt.pth").rename(work.parent / "ckpt.pth")
+    runner, notes = pick_model(work)
+    try:
+        assert runner.artifact.name == "B.pth", notes
+    finally:
+        runner.close()
+    for name in ("model.onnx", "model.int8.onnx", "model.fp16.onnx"):
+        assert any(n.startswith(f"passed over {name}: not made from B.pth (made from ckpt.pth") for n in notes), notes
+    (work.parent / "ckpt.pth").rename(work / "ckpt.pth")
+    runner, notes = pick_model(work)
+    try:
+        assert runner.artifact.suffix == ".onnx" and not any("not made from" in n for n in notes), notes
+    finally:
+        runner.close()
