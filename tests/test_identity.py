@@ -160,20 +160,46 @@ def test_convert_fp16_refuses_another_models_file_at_its_default_output(work: Pa
     assert descends_from(foreign_fp16, work / "model.onnx").verdict == DESCENDS
 
 
-def test_calibrate_refuses_another_models_int8_before_reading_an_image(work: Path, b_onnx: Path,
-                                                                       tmp_path: Path) -> None:
-    """model.int8.onnx made from other.onnx (B's model); `calibrate model.onnx` on a folder with no image in it
-    refuses the INT8 in the way first: no image was read, nothing written."""
+def int8_of_other(work: Path, b_onnx: Path) -> Path:
+    """B's model.onnx beside A's as other.onnx, and model.int8.onnx carrying the manifest `calibrate other.onnx -o
+    model.int8.onnx` writes (its source: other.onnx and its SHA-256; the graph is the digits INT8's)."""
     from vitdeploy.core.artifact import OnnxArtifact
-    from vitdeploy.stages.precision import calibrate
 
     shutil.copy2(b_onnx, work / "other.onnx")
-    # the manifest `calibrate other.onnx -o model.int8.onnx` writes (its source: other.onnx and its SHA-256)
     q = OnnxArtifact.open(work / "model.int8.onnx")
     man = q.manifest
     man.source = OnnxArtifact.open(work / "other.onnx").source_record()
     OnnxArtifact.write(q.model, man, work / "model.int8.onnx")
     assert descends_from(work / "model.int8.onnx", work / "other.onnx").verdict == DESCENDS
+    return work / "model.int8.onnx"
+
+
+def test_bundle_of_onnx_models_refuses_an_int8_of_another_model(work: Path, b_onnx: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bundle` (the folder's model.onnx, model.fp16.onnx, model.int8.onnx) with the INT8 made from other.onnx: refused
+    before anything is packed, as when the INT8 records a source that is gone."""
+    from vitdeploy.stages.bundle import BundleOptions, bundle
+
+    int8 = int8_of_other(work, b_onnx)
+    monkeypatch.chdir(work)
+    before = snapshot(work)
+    code, out = cli("bundle", "-o", "b")
+    assert code == 1 and "\n" not in out.strip(), out
+    assert "model.int8.onnx was not made from" in out and "other.onnx" in out and "bundle one model's files" in out
+    assert snapshot(work) == before and not (work / "b").exists()
+    (work / "other.onnx").unlink()
+    with pytest.raises(StaleArtifact, match="not beside"):
+        bundle([work / "model.onnx", int8], tmp_path / "b2", BundleOptions(references=4))
+    assert not (tmp_path / "b2").exists()
+
+
+def test_calibrate_refuses_another_models_int8_before_reading_an_image(work: Path, b_onnx: Path,
+                                                                       tmp_path: Path) -> None:
+    """model.int8.onnx made from other.onnx (B's model); `calibrate model.onnx` on a folder with no image in it
+    refuses the INT8 in the way first: no image was read, nothing written."""
+    from vitdeploy.stages.precision import calibrate
+
+    int8_of_other(work, b_onnx)
     before = snapshot(work)
     empty = tmp_path / "no-images"
     empty.mkdir()
@@ -236,3 +262,91 @@ def test_infer_folder_pick_passes_over_models_of_another_checkpoint(work: Path) 
         assert runner.artifact.suffix == ".onnx" and not any("not made from" in n for n in notes), notes
     finally:
         runner.close()
+
+
+# ------------------------------------------------------------------------------------------ end to end, per model kind
+
+
+def _zero_class(ckpt: Path, out: Path, seed: int | None) -> Path:
+    """The digits backbone without its head (a 0-class embedding model, as an imported DINOv2/SigLIP tower is);
+    ``seed``: every weight moved by 0.05·N(0, 1) with it (another embedding model of the same shape)."""
+    import torch
+
+    from vitdeploy.model.checkpoint import load_checkpoint, save_checkpoint
+    from vitdeploy.model.vit import VisionTransformer, ViTConfig
+
+    ck = load_checkpoint(ckpt)
+    cfg = ViTConfig.from_dict(ck.manifest.model).with_(num_classes=0)
+    model = VisionTransformer(cfg)
+    model.load_state_dict({k: v for k, v in ck.state_dict.items() if not k.startswith("head.")})
+    if seed is not None:
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    man = ck.manifest
+    man.model, man.labels = cfg.to_dict(), []
+    return save_checkpoint(out, model.eval(), man)
+
+
+@pytest.fixture(scope="module")
+def kinds(digits_ckpt: Path, b_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """(A.pth, B.pth) of each model kind: two digits classifiers; two embedding models (0-class towers); two
+    zero-shot classifiers imported from one CLIP pair (tests/foundation_pairs.py) with other classes."""
+    import foundation_pairs as fp
+    import torch
+
+    from vitdeploy.model.importers import import_checkpoint
+    from vitdeploy.model.zero_shot import ZeroShotRequest
+
+    root = tmp_path_factory.mktemp("kinds")
+    out = {"classifier": (digits_ckpt, b_ckpt),
+           "embedding": (_zero_class(digits_ckpt, root / "emb-A.pth", None),
+                         _zero_class(digits_ckpt, root / "emb-B.pth", 3))}
+    torch.manual_seed(0)
+    pair = fp.hf_clip(root, fp.clip_bpe_tokenizer(root / "clip_bpe"))
+    zs = []
+    for name, classes in (("A", "cat\ndog\nrocket\n"), ("B", "astronaut\ncup of coffee\ncamera man\n")):
+        (root / f"{name}.txt").write_text(classes)
+        import_checkpoint(pair, root / f"zs-{name}.pth", zero_shot=ZeroShotRequest(root / f"{name}.txt", "openai"))
+        zs.append(root / f"zs-{name}.pth")
+    out["zero-shot"] = (zs[0], zs[1])
+    return out
+
+
+@pytest.mark.slow  # three kinds, each: bundle A (made), B refused (with and without -t, twice), A again, export B, bundle B
+@pytest.mark.parametrize("kind", ["classifier", "embedding", "zero-shot"])
+def test_bundle_never_ships_or_replaces_another_checkpoints_model(kind: str, kinds: dict[str, tuple[Path, Path]],
+                                                                  digits_folder: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40, A, for a classifier, an embedding model and a zero-shot classifier: A's bundle made in a folder,
+    `bundle B.pth` refuses (exit 1, one line, nothing written), with or without -t, and on a re-run; A's own re-run
+    still reuses its models; after `export B.pth` (the way out it names) B's bundle carries B's model and labels."""
+    a_src, b_src = kinds[kind]
+    monkeypatch.chdir(tmp_path)
+    shutil.copy2(a_src, tmp_path / "A.pth")
+    shutil.copy2(b_src, tmp_path / "B.pth")
+    images = str(digits_folder / "val")
+    made = ["--fp16"] if kind != "classifier" else []  # the classifier's INT8 too: calibrated with the guard for A
+    code, out = cli("bundle", "A.pth", "-i", images, "-o", "bA", *made)
+    assert code == 0, out
+    before = snapshot(tmp_path)
+    for flags in ([], ["-t", "trt10"], []):  # the last: a re-run
+        code, out = cli("bundle", "B.pth", "-i", images, "-o", "bB", *flags)
+        assert code == 1 and "\n" not in out.strip(), out
+        assert "not made from B.pth (made from A.pth" in out and "`vitdeploy export B.pth`" in out, out
+        assert snapshot(tmp_path) == before and not (tmp_path / "bB").exists()
+    code, out = cli("bundle", "A.pth", "-i", images, "-o", "bA2", *made)  # A's re-run: its own models reused
+    assert code == 0 and "reused" in out and "not made from" not in out, out
+    code, out = cli("export", "B.pth", "-i", images)
+    assert code == 0, out
+    code, out = cli("bundle", "B.pth", "-i", images, "-o", "bB", "--fp16")
+    assert code == 0, out
+    import json
+
+    b_sha = hashlib.sha256((tmp_path / "B.pth").read_bytes()).hexdigest()
+    for bundle, sha in (("bB", b_sha), ("bA", hashlib.sha256((tmp_path / "A.pth").read_bytes()).hexdigest())):
+        assert json.loads((tmp_path / bundle / "manifest.json").read_text())["source"]["sha256"] == sha, bundle
+    if kind == "zero-shot":  # B's classes, not A's
+        assert (tmp_path / "bB" / "labels.txt").read_text().split("\n")[:3] == ["astronaut", "cup of coffee",
+                                                                                "camera man"]

@@ -177,7 +177,28 @@ def resolve_models(
             raise UsageError(f"two {prec} models given ({found[prec]} and {art.path}); pass one per precision")
         found[prec] = art.path
         arts[prec] = art
+    if "fp32" in arts:
+        one_model(arts)
     return found, arts, exported
+
+
+def one_model(arts: dict[str, OnnxArtifact]) -> None:
+    """Refuse (exit 1, before anything is packed) an INT8 or FP16 model that is not made from the FP32 model it is
+    bundled with (core/lineage.descends_from): made from another model, or its recorded source missing or
+    unrecorded. The bundle's references come from the FP32 model; another model's INT8 beside it would be shipped as
+    the default and judged against references it never answered."""
+    from vitdeploy.core.lineage import descends_from, not_made_from
+
+    fp32 = arts["fp32"].path
+    for prec, art in arts.items():
+        if prec == "fp32":
+            continue
+        d = descends_from(art.path, fp32, art.manifest)
+        if not d.usable:
+            cmd = "calibrate" if prec == "int8" else "convert-fp16"
+            raise not_made_from(d, "bundle", ways=(
+                f"nothing written: bundle one model's files, or make it again from {fp32.name} "
+                f"(`vitdeploy {cmd} {fp32} -o {art.path}`, which replaces it)"))
 
 
 def ensure_current(art: OnnxArtifact, remake: bool = True, notes: list[str] | None = None,
