@@ -263,3 +263,19 @@ def require_descends(artifact: str | Path, origin: str | Path, command: str, rem
     if not d.usable:
         raise not_made_from(d, command, remake)
     return d
+
+
+def replacing_note(out: str | Path, origin: str | Path) -> str | None:
+    """What a command the user asked for (``export B.pth``) says when its own output replaces a file that was not
+    made from its input: replaced, never silently. None when there is no such file, or it was made from ``origin``."""
+    p = Path(out)
+    if not p.is_file():
+        return None
+    try:
+        d = descends_from(p, origin)
+    except (OSError, VitdeployError):
+        return None
+    if d.usable:
+        return None
+    return (f"replaced {p} (made from {d.made_from_text()}, not {Path(origin).name}): the models made from the "
+            "earlier one beside it are now stale (bundle re-makes them from this one)")
