@@ -367,10 +367,14 @@ def made_from_reference(reference: Path, ref_manifest: Any, candidate: Path, man
     common along their recorded chains (core/lineage.ancestors: model.int8.onnx and model.fp16.onnx share
     model.onnx's, model.onnx records ckpt.pth's). Judging B.pth against A's model.onnx measures two models, not a
     conversion. A chain with a stale link is left to the stale note; a folder (a Hugging Face model) is not hashed
-    as its import did, so it is not judged here."""
+    as its import did, so it is not judged here; nor are two checkpoints, which record no conversion between them
+    (comparing a fine-tuned checkpoint with its original is a question the user asks on purpose)."""
     from vitdeploy.core.lineage import ancestors, descends_from, not_made_from
+    from vitdeploy.core.naming import CHECKPOINT_SUFFIXES
 
     if reference.is_dir() or candidate.is_dir():
+        return
+    if reference.suffix in CHECKPOINT_SUFFIXES and candidate.suffix in CHECKPOINT_SUFFIXES:
         return
     ref, ref_stale = ancestors(reference, ref_manifest)
     cand, cand_stale = ancestors(candidate, manifest)
