@@ -352,3 +352,36 @@ def test_bundle_never_ships_or_replaces_another_checkpoints_model(kind: str, kin
     if kind == "zero-shot":  # B's classes, not A's
         assert (tmp_path / "bB" / "labels.txt").read_text().split("\n")[:3] == ["astronaut", "cup of coffee",
                                                                                 "camera man"]
+
+
+def test_build_engine_refuses_an_engine_of_another_model_at_its_name(work: Path, b_onnx: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """model.fp32.engine built from other.onnx (B's model, `build-engine other.onnx -o model.fp32.engine`) under the
+    TensorRT mock made from the real bindings: `build-engine model.onnx` refuses it before building; `-o` naming it
+    replaces it, and the new sidecar names model.onnx."""
+    import sys
+
+    import fake_libcuda
+    from helpers import FakeHostCuda
+    from trt_mock import fake_tensorrt
+
+    from vitdeploy.core.artifact import read_manifest
+    from vitdeploy.runners.tensorrt import cuda
+    from vitdeploy.stages.engine import BuildOptions, build_engine
+
+    monkeypatch.chdir(work)
+    fake = FakeHostCuda()
+    monkeypatch.setattr(cuda, "CudaRuntime", lambda *a, **k: fake)
+    fake_libcuda.install(monkeypatch)
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt("10.3.0.30", []))
+    shutil.copy2(b_onnx, work / "other.onnx")
+    engine = work / "model.fp32.engine"
+    build_engine(work / "other.onnx", BuildOptions(out=engine))
+    assert descends_from(engine, work / "other.onnx").verdict == DESCENDS
+    before = snapshot(work)
+    with pytest.raises(StaleArtifact) as e:
+        build_engine(work / "model.onnx", BuildOptions())
+    assert "model.fp32.engine is in the way" in str(e.value) and "other.onnx" in str(e.value)
+    assert f"-o {engine}" in str(e.value) and snapshot(work) == before
+    build_engine(work / "model.onnx", BuildOptions(out=engine))  # named: asked for, replaced
+    assert read_manifest(engine).source["artifact"] == "model.onnx"
