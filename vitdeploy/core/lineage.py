@@ -58,6 +58,18 @@ def _sha(path: Path, files: Any = None) -> str:
     return _sha_cache[key]
 
 
+def remember_sha(path: str | Path, sha256: str) -> None:
+    """Tell lineage the SHA-256 of ``path`` as a command read it (core/loaded.py: hashed as it was read), so a chain
+    walked through it hashes no byte twice. Kept for that file version only (size and mtime), as ``_sha`` keeps."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        return
+    if p.is_file():
+        _sha_cache[(str(p.resolve()), st.st_size, st.st_mtime_ns, None)] = sha256
+
+
 def source_link(path: str | Path, manifest: Manifest) -> Link:
     """How ``path`` (with its ``manifest``) stands against the source its manifest records."""
     p = Path(path)
