@@ -232,17 +232,26 @@ def test_build_engine_refuses_another_models_artifact_in_the_way(work: Path, b_o
     assert snapshot(work) == before
 
 
-@pytest.mark.slow  # (three models run on ten images: 5 s under load)
-def test_verify_refuses_a_candidate_of_another_checkpoint(work: Path, digits_val10: Path) -> None:
+@pytest.mark.slow  # (models run on ten images: 5 s under load)
+def test_verify_refuses_converted_models_of_another_model_and_names_a_checkpoint_mismatch(
+        work: Path, b_onnx: Path, digits_val10: Path) -> None:
+    """Two converted files of different models (ckpt.pth's model.onnx against B's model.fp16.onnx) are refused before
+    any image is run; against B.pth, A's model.onnx is compared with a note saying what it was made from."""
     from vitdeploy.checks.verify import verify
+    from vitdeploy.stages.precision import convert_fp16
 
+    (work / "b").mkdir()
+    shutil.copy2(b_onnx, work / "b" / "model.onnx")
+    b16 = convert_fp16(work / "b" / "model.onnx")
     with pytest.raises(StaleArtifact) as e:
-        verify(work / "B.pth", [work / "model.onnx"], digits_val10)
+        verify(work / "model.onnx", [b16], digits_val10)
     msg = str(e.value)
-    assert msg.startswith("verify: ") and "model.onnx was not made from" in msg and "ckpt.pth" in msg, msg
+    assert msg.startswith("verify: ") and "model.fp16.onnx was not made from" in msg and "\n" not in msg, msg
+    rep = verify(work / "B.pth", [work / "model.onnx"], digits_val10)
+    assert any("model.onnx was not made from" in n and "ckpt.pth" in n for n in rep.notes), rep.notes
     # one model's artifacts: INT8 and FP16 share model.onnx; both against the checkpoint they descend from
     rep = verify(work / "model.int8.onnx", [work / "model.fp16.onnx", work / "ckpt.pth"], digits_val10)
-    assert len(rep.results) == 3
+    assert len(rep.results) == 3 and not any("not made from" in n for n in rep.notes), rep.notes
 
 
 def test_infer_folder_pick_passes_over_models_of_another_checkpoint(work: Path) -> None:

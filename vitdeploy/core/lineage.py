@@ -272,9 +272,20 @@ def require_descends(artifact: str | Path, origin: str | Path, command: str, rem
     if not Path(artifact).exists():
         return None
     d = descends_from(artifact, origin, manifest)
-    if not d.usable:
+    if not d.usable and not of_one_model(artifact, origin, manifest):
         raise not_made_from(d, command, remake)
     return d
+
+
+def of_one_model(a: str | Path, b: str | Path, a_manifest: Manifest | None = None,
+                 b_manifest: Manifest | None = None) -> bool:
+    """Whether ``a`` and ``b`` are one model's files although neither chain reaches the other: a SHA-256 in common
+    along their recorded chains (``ancestors``), as an INT8 another tool made from model.onnx, keeping its manifest,
+    records model.onnx's checkpoint. The walk stops at checkpoints, so two fine-tunes of one backbone are not one
+    model."""
+    mine, _ = ancestors(a, a_manifest)
+    theirs, _ = ancestors(b, b_manifest)
+    return bool(mine & theirs)
 
 
 def replacing_note(out: str | Path, origin: str | Path) -> str | None:
