@@ -374,6 +374,36 @@ def compare(
     return res
 
 
+def made_from_reference(reference: Path, ref_manifest: Any, candidate: Path, manifest: Any) -> str | None:
+    """Whether ``candidate`` is of the reference's model (core/lineage): a SHA-256 in common along their recorded
+    chains (model.int8.onnx and model.fp16.onnx share model.onnx's, model.onnx records ckpt.pth's). Judging A's
+    model.onnx against B.pth measures two models, not a conversion.
+
+    Two converted files (ONNX models, engines) of different models: refused (exit 1, before any image is run). With a
+    checkpoint on either side: a note naming what the candidate was made from, and the comparison runs, since a
+    checkpoint may hold the same weights under another record (a backbone saved from a classifier, a fine-tune
+    compared with its original on purpose). A chain with a stale link is left to the stale note; a folder (a Hugging
+    Face model) is not hashed as its import did, so it is not judged here."""
+    from vitdeploy.core.lineage import ancestors, descends_from, not_made_from
+    from vitdeploy.core.naming import CHECKPOINT_SUFFIXES
+
+    if reference.is_dir() or candidate.is_dir():
+        return None
+    ref, ref_stale = ancestors(reference, ref_manifest)
+    cand, cand_stale = ancestors(candidate, manifest)
+    if ref_stale or cand_stale or not ref or not cand or ref & cand:
+        return None
+    if reference.suffix in CHECKPOINT_SUFFIXES and candidate.suffix in CHECKPOINT_SUFFIXES:
+        return None  # two checkpoints: no conversion between them is recorded, nor claimed
+    d = descends_from(candidate, reference, manifest)
+    if reference.suffix in CHECKPOINT_SUFFIXES or candidate.suffix in CHECKPOINT_SUFFIXES:
+        return (f"{candidate} was not made from {reference} (made from {d.made_from_text()}): its figures compare "
+                "two checkpoints' models, not a conversion, unless they hold the same weights")
+    raise not_made_from(d, "verify", ways=(
+        f"verify compares one model's artifacts: pass the reference {candidate.name} was made from "
+        f"(`vitdeploy info {candidate}` names it), or make it again from {reference.name}"))
+
+
 def verify(
     reference: str | Path,
     candidates: Sequence[str | Path],
@@ -448,6 +478,9 @@ def verify(
                 _require_same_task(str(artifacts[0]), runners[0].manifest, str(a), runners[i].manifest)
                 require_same_model((str(artifacts[0]), runners[0].manifest), (str(a), runners[i].manifest),
                                    "verify compares artifacts of one model")
+                why = made_from_reference(artifacts[0], runners[0].manifest, a, runners[i].manifest)
+                if why:
+                    notes.append(why)
                 link = source_link(a, runners[i].manifest)  # lineage: never judged silently when it is stale
                 if link.status == STALE:
                     notes.append(f"{a} is stale: made from an earlier {link.source.name if link.source else 'source'}; "

@@ -60,6 +60,9 @@ def export(
 
     as_embedding = EmbeddingOptions(embedding, pool, normalize, tokens)
     as_embedding.check()
+    from vitdeploy.core.lineage import replacing_note
+
+    replaced = replacing_note(out, checkpoint)  # asked for, so replaced: but said (core/lineage.py)
 
     with Progress(
         SpinnerColumn(), text_column("export", "bold"), text_column("{task.fields[info]}"), TimeElapsedColumn(),
@@ -89,6 +92,8 @@ def export(
         err_console.print("parity check skipped (--no-check)")
     extra = f" + {result.external_data.name}" if result.external_data else ""
     console.print(f"wrote {result.path}{extra} (opset {result.opset}, dynamic batch) in {result.seconds:.1f} s", highlight=False)
+    if replaced:
+        console.print(f"note: {replaced}", highlight=False, soft_wrap=True, markup=False)
     if embed_preprocess:
         from vitdeploy.stages.embed import embed_preprocess as embed
         from vitdeploy.stages.embed import raw_variant_name, record_raw_variant

@@ -16,6 +16,7 @@ from typing import Any
 from vitdeploy.core.errors import StaleArtifact, VitdeployError
 from vitdeploy.core.fileio import source_sha256
 from vitdeploy.core.manifest import Manifest
+from vitdeploy.core.naming import ENGINE_SUFFIXES as _ENGINES
 from vitdeploy.core.naming import base_stem
 
 CURRENT, STALE, MISSING, UNRECORDED = "current", "stale", "missing", "unrecorded"
@@ -55,6 +56,18 @@ def _sha(path: Path, files: Any = None) -> str:
                             inside=str(path), fix="import it again", within=link_root(path))
         _sha_cache[key] = source_sha256(path, names)
     return _sha_cache[key]
+
+
+def remember_sha(path: str | Path, sha256: str) -> None:
+    """Tell lineage the SHA-256 of ``path`` as a command read it (core/loaded.py: hashed as it was read), so a chain
+    walked through it hashes no byte twice. Kept for that file version only (size and mtime), as ``_sha`` keeps."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        return
+    if p.is_file():
+        _sha_cache[(str(p.resolve()), st.st_size, st.st_mtime_ns, None)] = sha256
 
 
 def source_link(path: str | Path, manifest: Manifest) -> Link:
@@ -110,3 +123,182 @@ def require_current(path: str | Path, manifest: Manifest, what: str = "") -> Lin
             f"`{remake_command(path, manifest)}`"
         )
     return link
+
+
+# --- identity: is this artifact made from X? ---------------------------------------------------------------------
+#
+# "Current" is half the question. An artifact reused for a command must also *descend from that command's input*: the
+# SHA-256 chain from the artifact back through its recorded sources (model.int8.onnx → model.onnx → ckpt.pth; an
+# engine's sidecar → its ONNX → …) must reach the input. A model.onnx exported from A.pth is current (A.pth is
+# unchanged) and yet not B.pth's model: `bundle B.pth` must neither ship it nor replace it without a word.
+
+DESCENDS, FOREIGN, UNKNOWN = "descends", "foreign", "unknown"  # (and STALE: made from an earlier version of it)
+_MAX_CHAIN = 8  # engine → int8 → fp32 → checkpoint is 3 links; a longer chain is a loop of hand-edited manifests
+
+
+@dataclass(frozen=True)
+class Descent:
+    """How ``artifact`` stands against ``origin`` (a command's input).
+
+    ``verdict``: descends (every link current back to the input's bytes), stale (the chain reaches the input by name
+    or by recorded bytes, but a link changed since: the usual re-make), foreign (made from another file), unknown (a
+    recorded source is missing, or none is recorded, or a manifest on the way is unreadable: not shown to be the
+    input's). ``made_from`` / ``made_from_sha256``: the file the chain ends at (the checkpoint it was made from, where
+    known) and the SHA-256 recorded for it."""
+
+    artifact: Path
+    origin: Path
+    verdict: str
+    made_from: Path | None = None
+    made_from_sha256: str | None = None
+    why: str = ""
+    via: tuple[str, ...] = ()  # the recorded sources walked through before ``made_from`` (model.onnx for an INT8)
+
+    @property
+    def usable(self) -> bool:
+        """Made from the input (current, or stale: re-made from it by the usual rule)."""
+        return self.verdict in (DESCENDS, STALE)
+
+    def made_from_text(self) -> str:
+        """What the chain ends at: the checkpoint (or model) it was made from, with its recorded SHA-256."""
+        if self.made_from is None:
+            return self.why or "no recorded source"
+        sha = f" (SHA-256 {self.made_from_sha256[:12]})" if self.made_from_sha256 else ""
+        gone = "" if self.verdict != UNKNOWN else (", " + self.why if self.why else "")
+        via = f", through {' and '.join(self.via)}" if self.via else ""
+        return f"{self.made_from.name}{sha}{gone}{via}"
+
+
+def _manifest_of(path: Path) -> Manifest | None:
+    """An ONNX model's or an engine's manifest (None: unreadable, or a checkpoint: its manifest costs a torch.load,
+    and a chain walked toward a command's input ends at the first checkpoint)."""
+    from vitdeploy.core.artifact import read_manifest
+
+    try:
+        return read_manifest(path)
+    except (VitdeployError, OSError, ValueError):
+        return None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False
+
+
+def descends_from(artifact: str | Path, origin: str | Path, manifest: Manifest | None = None) -> Descent:
+    """Is ``artifact`` made from ``origin``? The one answer every command that reuses, packs, picks or replaces an
+    artifact asks (bundle, build-engine, calibrate, convert-fp16, verify, infer's folder pick).
+
+    The chain is walked from ``artifact`` through each recorded source beside it (``source_link``), ONNX models and
+    engines only, and ends at the first recorded SHA-256 equal to ``origin``'s (descends; stale when a link on the
+    way changed since), at ``origin`` itself by name with other bytes (stale: made from an earlier version of the
+    input), at another file that is not an ONNX model or engine (foreign: the checkpoint it was made from), or where a
+    recorded source is missing or none is recorded (unknown)."""
+    a, o = Path(artifact), Path(origin)
+    if _same_file(a, o):
+        return Descent(a, o, DESCENDS, o)
+    origin_sha = _sha(o) if o.is_file() else None  # a folder (Hugging Face): told by name, as its files were listed
+    cur, m = a, manifest
+    changed = False
+    via: list[str] = []
+    for _ in range(_MAX_CHAIN):
+        if m is None:
+            m = _manifest_of(cur)
+            if m is None:
+                return Descent(a, o, UNKNOWN, None, None, f"{cur.name} has no readable vitdeploy manifest")
+        link = source_link(cur, m)
+        if link.status == UNRECORDED:
+            return Descent(a, o, UNKNOWN, None, None, f"{cur.name} records no source")
+        assert link.source is not None
+        if origin_sha is not None and link.recorded_sha256 == origin_sha:
+            return Descent(a, o, STALE if changed else DESCENDS, link.source, link.recorded_sha256, via=tuple(via))
+        if _same_file(link.source, o):
+            return Descent(a, o, STALE, link.source, link.recorded_sha256, via=tuple(via))
+        if link.status == MISSING:
+            return Descent(a, o, UNKNOWN, link.source, link.recorded_sha256, f"which is not beside {cur.name}",
+                           tuple(via))
+        changed = changed or link.status == STALE
+        if link.source.is_dir() or link.source.suffix not in (".onnx", *_ENGINES):
+            return Descent(a, o, FOREIGN, link.source, link.recorded_sha256, via=tuple(via))
+        via.append(link.source.name)
+        cur, m = link.source, None
+    return Descent(a, o, UNKNOWN, None, None, f"its recorded sources run past {_MAX_CHAIN} links")
+
+
+def ancestors(artifact: str | Path, manifest: Manifest | None = None) -> tuple[set[str], bool]:
+    """The SHA-256s ``artifact`` is made of: its own and each recorded source's, walked through ONNX models and
+    engines while each link is current (a recorded SHA-256 is a fact even where its file is gone); and whether a link
+    on the way is stale. Two artifacts of one model share one (verify: model.int8.onnx and model.fp16.onnx share
+    model.onnx's)."""
+    cur, m = Path(artifact), manifest
+    shas = {_sha(cur)} if cur.is_file() else set()
+    for _ in range(_MAX_CHAIN):
+        if m is None:
+            m = _manifest_of(cur)
+            if m is None:
+                break
+        link = source_link(cur, m)
+        if link.recorded_sha256:
+            shas.add(link.recorded_sha256)
+        if link.status == STALE:
+            return shas, True
+        if link.status != CURRENT or link.source is None or link.source.is_dir() \
+                or link.source.suffix not in (".onnx", *_ENGINES):
+            break
+        cur, m = link.source, None
+    return shas, False
+
+
+def not_made_from(d: Descent, command: str, remake: str | None = None, ways: str | None = None) -> StaleArtifact:
+    """The one line that refuses an artifact in the way that is not made from the command's input: it names the input,
+    the artifact and what it was made from, and the ways out (a folder of its own, or making it again explicitly;
+    ``ways`` says them where the command is not about to write)."""
+    if ways is None:
+        again = f"make it again from {d.origin.name} explicitly (`{remake}`, which replaces it)" if remake else \
+            f"remove {d.artifact.name} first"
+        ways = f"nothing written, it is neither used nor replaced: run in a folder of its own, or {again}"
+        command += f": {d.artifact} is in the way and"
+    else:
+        command += f": {d.artifact}"
+    return StaleArtifact(f"{command} was not made from {d.origin} (made from {d.made_from_text()}); {ways}")
+
+
+def require_descends(artifact: str | Path, origin: str | Path, command: str, remake: str | None = None,
+                     manifest: Manifest | None = None) -> Descent | None:
+    """Refuse (StaleArtifact, exit 1, before any work) ``artifact`` when it exists and is not made from ``origin``;
+    None where there is no such file."""
+    if not Path(artifact).exists():
+        return None
+    d = descends_from(artifact, origin, manifest)
+    if not d.usable and not of_one_model(artifact, origin, manifest):
+        raise not_made_from(d, command, remake)
+    return d
+
+
+def of_one_model(a: str | Path, b: str | Path, a_manifest: Manifest | None = None,
+                 b_manifest: Manifest | None = None) -> bool:
+    """Whether ``a`` and ``b`` are one model's files although neither chain reaches the other: a SHA-256 in common
+    along their recorded chains (``ancestors``), as an INT8 another tool made from model.onnx, keeping its manifest,
+    records model.onnx's checkpoint. The walk stops at checkpoints, so two fine-tunes of one backbone are not one
+    model."""
+    mine, _ = ancestors(a, a_manifest)
+    theirs, _ = ancestors(b, b_manifest)
+    return bool(mine & theirs)
+
+
+def replacing_note(out: str | Path, origin: str | Path) -> str | None:
+    """What a command the user asked for (``export B.pth``) says when its own output replaces a file that was not
+    made from its input: replaced, never silently. None when there is no such file, or it was made from ``origin``."""
+    p = Path(out)
+    if not p.is_file():
+        return None
+    try:
+        d = descends_from(p, origin)
+    except (OSError, VitdeployError):
+        return None
+    if d.usable:
+        return None
+    return (f"replaced {p} (made from {d.made_from_text()}, not {Path(origin).name}): the models made from the "
+            "earlier one beside it are now stale (bundle re-makes them from this one)")

@@ -188,6 +188,31 @@ def resolve_models(
     return found, arts, exported
 
 
+def one_model(arts: dict[str, OnnxArtifact]) -> None:
+    """Refuse (exit 1, before anything is packed) an INT8 or FP16 model that is not made from the FP32 model it is
+    bundled with (core/lineage.descends_from): made from another model, or its recorded source missing or
+    unrecorded. The bundle's references come from the FP32 model; another model's INT8 beside it would be shipped as
+    the default and judged against references it never answered. One model's files share a SHA-256 along their
+    recorded chains (core/lineage.ancestors): an INT8 made by another tool that kept model.onnx's manifest records
+    model.onnx's checkpoint, and is of that model."""
+    from vitdeploy.core.lineage import ancestors, descends_from, not_made_from, remember_sha
+
+    for a in arts.values():
+        remember_sha(a.path, a.sha256)  # the bytes read: not hashed again
+    fp32 = arts["fp32"].path
+    ours, _ = ancestors(fp32, arts["fp32"].manifest)
+    for prec, art in arts.items():
+        if prec == "fp32":
+            continue
+        d = descends_from(art.path, fp32, art.manifest)
+        theirs, stale = ancestors(art.path, art.manifest)
+        if not d.usable and not stale and not ours & theirs:
+            cmd = "calibrate" if prec == "int8" else "convert-fp16"
+            raise not_made_from(d, "bundle", ways=(
+                f"nothing written: bundle one model's files, or make it again from {fp32.name} "
+                f"(`vitdeploy {cmd} {fp32} -o {art.path}`, which replaces it)"))
+
+
 def ensure_current(art: OnnxArtifact, remake: bool = True, notes: list[str] | None = None,
                    images: Path | None = None) -> OnnxArtifact:
     """``art`` when its lineage is current (or unrecorded/missing: nothing to compare with), else the artifact
@@ -556,6 +581,8 @@ def _write_bundle(models: Sequence[str | Path], root: Path, opts: BundleOptions,
     check_same_model({str(found[k]): m for k, m in manifests.items()})
     target = check_target(opts.target, {found[k]: m for k, m in manifests.items()},
                           {found[k]: a.model for k, a in arts.items()}, notes)
+    if "fp32" in arts:  # each model read (and hashed as read) once above: lineage is told those digests
+        one_model(arts)
     precisions = [p for p in PRECISIONS if p in found]
     verdict = opts.int8_verdict
     if verdict is None and "int8" in arts:

@@ -105,6 +105,7 @@ def build_engine(model: str | Path = "model.onnx", options: BuildOptions | None 
     manifest = source.manifest
     plan = plan_artifact(model, manifest.precision, o.fp16, o.int8, o.out, o.dla_core)
     check_build_outputs(plan, model, o)
+    in_the_way(plan, model, o.out is not None)
     if plan.make is not None and plan.artifact.exists():
         kept_guard(plan.artifact)
     # (without the default calibration/ folder, calibrate falls back to the digits for a digits model)
@@ -170,6 +171,20 @@ def refusal(art: OnnxArtifact) -> Callable[[str], str | None]:
         return None
 
     return why
+
+
+def in_the_way(plan: Any, model: Path, engine_named: bool) -> None:
+    """Refuse (exit 1, before any work) a file at a name build-engine chose that is not made from ``model``, its input
+    (core/lineage.descends_from): the INT8/FP16 ONNX it would make or reuse, and the engine it would write unless
+    ``-o`` named it. A stale one (made from an earlier ``model``) is re-made as before."""
+    from vitdeploy.core.lineage import require_descends
+
+    if plan.make is not None:
+        cmd = "calibrate" if plan.make == "int8" else "convert-fp16"
+        require_descends(plan.artifact, model, "build-engine", remake=f"vitdeploy {cmd} {model} -o {plan.artifact}")
+    if not engine_named:
+        require_descends(plan.engine, model, "build-engine",
+                         remake=f"vitdeploy build-engine {model}{' --' + plan.make if plan.make else ''} -o {plan.engine}")
 
 
 def kept_guard(artifact: Path) -> None:

@@ -87,6 +87,16 @@ def _source(art: OnnxArtifact) -> dict[str, Any]:
     return art.source_record()
 
 
+def default_output_made_from(dest: Path, src: Path, command: str) -> None:
+    """Refuse (exit 1, before any work) when the file at a command's default output (model.int8.onnx beside
+    model.onnx) is not made from ``src``, the command's input: made from another model, or its recorded source
+    missing or unrecorded. A stale one (made from an earlier ``src``) is re-made as before; ``-o`` naming the file is
+    the explicit way to replace it."""
+    from vitdeploy.core.lineage import require_descends
+
+    require_descends(dest, src, command, remake=f"vitdeploy {command} {src} -o {dest}")
+
+
 # --- FP16 -------------------------------------------------------------------------------------
 
 
@@ -120,6 +130,8 @@ def fp16_artifact(model_onnx: str | Path | OnnxArtifact = "model.onnx", out: str
     target = target or manifest.target
     facts = check_target(target)
     dest = Path(out) if out is not None else precision_name(src, "fp16")
+    if out is None:  # the name beside: never another model's FP16 replaced without a word (core/lineage.py)
+        default_output_made_from(dest, src, "convert-fp16")
     _fit_graph(model, facts, src)
     unsafe, record = fp16_headroom(model, manifest, images, src, keep_unsafe)
     m16 = to_fp16(model, keep_fp32_nodes=unsafe)
@@ -693,6 +705,8 @@ def calibrate(
         raise UsageError(f"--target {target} builds strongly typed: its INT8 keeps the unquantized parts in float16 "
                          "(float32 would run every layer in FP32); drop --float fp32, or use --target ort for a CPU")
     dest = Path(out) if out is not None else precision_name(src, "int8")
+    if out is None:  # the name beside: never another model's INT8 replaced without a word (core/lineage.py)
+        default_output_made_from(dest, src, "calibrate")
     warnings: list[str] = []
     if quantizer == "nncf":
         from vitdeploy.graph.nncf_ptq import import_nncf

@@ -104,6 +104,25 @@ def check_inputs(ckpt: Path, images: str | Path | None, target: str | None, int8
     return name
 
 
+def check_identity(ckpt: Path, int8: bool, fp16: bool) -> None:
+    """Refuse (exit 1, before any work) a model beside ``ckpt`` that this command would reuse or replace and that is
+    not made from ``ckpt`` (core/lineage.descends_from): model.onnx exported from another checkpoint, or an INT8/FP16
+    made from another model, or one whose recorded source is missing or unrecorded. Such a file is neither shipped
+    nor overwritten; whatever its target. A stale one (made from an earlier ``ckpt``) is re-made as before."""
+    from vitdeploy.core.lineage import require_descends
+
+    folder = ckpt.parent
+    fp32 = folder / ONNX_NAMES["fp32"]
+    # model.onnx first: when it is another checkpoint's, so are (or stale against it) the INT8 and FP16 made from it,
+    # and re-exporting explicitly is the one way out for all of them
+    require_descends(fp32, ckpt, "bundle", remake=f"vitdeploy export {ckpt}")
+    for prec, wanted in (("int8", int8), ("fp16", fp16)):
+        if wanted:
+            other = folder / ONNX_NAMES[prec]
+            cmd = "calibrate" if prec == "int8" else "convert-fp16"
+            require_descends(other, ckpt, "bundle", remake=f"vitdeploy {cmd} {fp32} -o {other}")
+
+
 def check_before_work(ckpt: Path, images: str | Path | None, target: str | None, int8: bool, fp16: bool,
                       quantizer: str, opts: Any, out: Path) -> None:
     """Every option of the whole path from a checkpoint, before the first artifact is touched (exit 2, or 1 for
@@ -117,6 +136,7 @@ def check_before_work(ckpt: Path, images: str | Path | None, target: str | None,
         raise UsageError(f"--precision {opts.precision}: this command makes {', '.join(made)} from {ckpt.name}; "
                          f"drop --int8/--fp16, or choose one of those")
     check_inputs(ckpt, images, target, int8 or not fp16, quantizer)
+    check_identity(ckpt, int8 or not fp16, fp16 or not int8)
 
 
 def prepare(ckpt: str | Path, images: str | Path | None, target: str | None = None, int8: bool = True,
@@ -129,6 +149,8 @@ def prepare(ckpt: str | Path, images: str | Path | None, target: str | None = No
 
     say = say or (lambda _m: None)
     ckpt = Path(ckpt)
+    if ckpt.is_file():
+        check_identity(ckpt, int8, fp16)  # nothing made from another checkpoint is reused or replaced
     target = check_inputs(ckpt, images, target, int8, quantizer)
     folder = ckpt.parent
     fp32, q8, h16 = folder / ONNX_NAMES["fp32"], folder / ONNX_NAMES["int8"], folder / ONNX_NAMES["fp16"]

@@ -25,7 +25,7 @@ from vitdeploy.core.errors import NonFiniteOutput, UsageError, VitdeployError
 from vitdeploy.core.fileio import atomic_path, printable_name, strict_json
 from vitdeploy.core.images import iter_batches
 from vitdeploy.core.manifest import ENGINE_SUFFIXES
-from vitdeploy.core.naming import precision_from_name
+from vitdeploy.core.naming import CHECKPOINT_SUFFIXES, precision_from_name
 from vitdeploy.core.preprocess import gather_images  # noqa: F401 (gather_images: the CLI's)
 from vitdeploy.core.text import csv_cell
 from vitdeploy.runners import BACKENDS, artifact_kind, open_runner
@@ -174,6 +174,20 @@ def stale_note(path: str | Path) -> str | None:
             f"`{remake_command(p, m)}`)")
 
 
+def other_checkpoint_note(path: Path, ckpt: Path | None) -> str | None:
+    """Why the folder pick passes over ``path``: it is not made from ``ckpt``, the checkpoint the pick falls back to
+    here (ckpt.pth, else the newest), so the answer would be another model's (core/lineage.descends_from: made from
+    another checkpoint, or from one whose record is missing); None when it is, or when the folder has no checkpoint."""
+    from vitdeploy.core.lineage import descends_from
+
+    if ckpt is None or path.suffix in CHECKPOINT_SUFFIXES or path.suffix not in (".onnx", *ENGINE_SUFFIXES):
+        return None
+    d = descends_from(path, ckpt)
+    if d.usable:
+        return None
+    return f"passed over {path.name}: not made from {ckpt.name} (made from {d.made_from_text()})"
+
+
 def pick_model(folder: str | Path = ".", backend: str = "auto", threads: int | None = None) -> tuple[Any, list[str]]:
     """The first candidate that opens here, as an open Runner, and notes on what was passed over and why."""
     notes: list[str] = []
@@ -185,8 +199,10 @@ def pick_model(folder: str | Path = ".", backend: str = "auto", threads: int | N
             f"no {what} in {Path(folder).resolve()}: pass --model PATH, or create one with "
             "`vitdeploy train` / `vitdeploy export`"
         )
+    # the checkpoint the pick falls back to (whatever the backend): what every other candidate must be made from
+    ckpt = next(iter(candidate_models(folder, "torch")), None)
     for p in cands:
-        why = stale_note(p)
+        why = stale_note(p) or other_checkpoint_note(p, ckpt)
         if why:  # lineage: a file made from an earlier version of the source beside it is never picked silently
             notes.append(why)
             continue
