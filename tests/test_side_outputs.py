@@ -179,6 +179,8 @@ SIDE_CASES: dict[str, tuple[list[str], str, str]] = {
     "rejected engine": (["build-engine", "model.onnx", "-o"], ".engine", "model.onnx"),
     "rejected engine sidecar": (["build-engine", "model.onnx", "-o"], ".engine", "model.onnx"),
     "files list": (["infer", "data/0", "--model", "model.onnx", "-o"], ".npy", "model.onnx"),
+    "gallery record": (["index", "emb.npy", "--model", "model.onnx", "-o"], ".faiss", "model.onnx"),
+    "gallery ids": (["index", "emb.npy", "--model", "model.onnx", "-o"], ".faiss", "model.onnx"),
 }
 LINKS = ("symlink", "hardlink")
 
@@ -203,6 +205,7 @@ def side_refusals(digits_ckpt: Path, digits_onnx: Path, digits_folder: Path,
         (d / "data" / cls).mkdir(parents=True)
         for p in sorted((digits_folder / "val" / cls).glob("*.png"))[:1]:
             shutil.copy(p, d / "data" / cls / p.name)
+    np.save(d / "emb.npy", np.random.default_rng(0).normal(size=(40, 8)).astype(np.float32))  # index's input
     argvs, keys = [], []
     for kind, (argv, ext, victim) in SIDE_CASES.items():
         for link in LINKS:

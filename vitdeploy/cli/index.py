@@ -25,14 +25,13 @@ def index(
 ) -> None:
     """Build a FAISS index of an embedding gallery for `infer --gallery FILE.faiss`, its recall measured against exact search."""
     from vitdeploy.core.fileio import check_output
-    from vitdeploy.core.gallery import sidecars
+    from vitdeploy.core.outputs import check_side_outputs
     from vitdeploy.tools.index import build_index, human, parse_bytes
 
     budget = parse_bytes(memory)
     inputs = [embeddings, model]
     check_output(out, inputs, suffixes=(".faiss",))
-    for side in sidecars(out):
-        check_output(side, inputs)
+    check_side_outputs(out, ["gallery record", "gallery ids"], inputs)
     check_json_dest(json_out, inputs)
     res = build_index(embeddings, out, budget, recall, model, classes_from_folders, threads,
                       say=lambda s: err_console.print(s, highlight=False, soft_wrap=True) if err_console.is_terminal else None)

@@ -52,6 +52,18 @@ def _raw(o: Path) -> Path:
     return o.with_name(raw_variant_name(o.name))
 
 
+def _gallery_json(o: Path) -> Path:
+    from vitdeploy.core.gallery import sidecars
+
+    return sidecars(o)[0]
+
+
+def _gallery_ids(o: Path) -> Path:
+    from vitdeploy.core.gallery import sidecars
+
+    return sidecars(o)[1]
+
+
 def _files_list(o: Path) -> Path:
     return o.with_name(o.name[: -len(o.suffix)] + ".files.txt")
 
@@ -66,6 +78,8 @@ SIDE_OUTPUTS: dict[str, SideOutput] = {
     "rejected engine": SideOutput("the rejected plan", "build-engine -o", _suffixed(".rejected")),
     "rejected engine sidecar": SideOutput("the rejected plan's sidecar", "build-engine -o", _suffixed(".rejected.json")),
     "files list": SideOutput("the file-name list", "infer -o FILE.npy", _files_list),
+    "gallery record": SideOutput("the index's record", "index -o FILE.faiss", _gallery_json),
+    "gallery ids": SideOutput("the index's id table", "index -o FILE.faiss", _gallery_ids),
 }
 
 # Every function in vitdeploy (bundle_files aside: run.py and the C++ example keep their own rule) that writes a
@@ -108,6 +122,11 @@ WRITERS: dict[str, tuple[str, ...]] = {
     "vitdeploy.tools.bench:_random_images": (TEMP,),
     "vitdeploy.tools.explain:explain": (MAIN,),
     "vitdeploy.tools.infer:write_embeddings": (MAIN, "files list"),
+    "vitdeploy.tools.index:build_index": (MAIN, "gallery record", "gallery ids"),  # index -o FILE.faiss
+    "vitdeploy.tools.corpus.sink:write_shard": (MAIN,),  # infer -o DIR/: part-NNNNN.parquet (DIR checked as a folder)
+    "vitdeploy.tools.corpus.sink:write_errors": (MAIN,),  # DIR/errors.parquet
+    "vitdeploy.tools.corpus.ray_exec:ModelActor.__init__": (TEMP,),  # the shipped model, in a mkdtemp folder
+    "vitdeploy.stages.bundle_gallery:ship_gallery": (TEMP,),  # inside the bundle's temporary folder
     "vitdeploy.tools.infer:write_predictions": (MAIN,),
 }
 
