@@ -404,3 +404,46 @@ def test_no_ray_process_outlives_the_command(emb: Path, corpus: Path, tmp_path: 
     assert got["rc"] == 3, got  # three unreadable files listed
     assert len(list(out.glob("part-*.parquet"))) == 4  # it did run on Ray
     assert got["after_grace"] == {}, got
+
+
+@pytest.mark.slow
+def test_a_cluster_that_asks_for_a_token_is_said_so_in_one_line(emb: Path, corpus: Path, tmp_path: Path) -> None:
+    """Ray 2.60's `ray start --head` turns token authentication on where a token exists; a driver joining by address
+    without RAY_AUTH_MODE=token was told only "Failed to connect": the line names the cause and the fix."""
+    pytest.importorskip("ray")
+    import secrets
+    import tempfile
+
+    port = closed_port()
+    short = Path(tempfile.mkdtemp(prefix="vdr", dir="/tmp"))  # Ray's socket paths must stay under 108 bytes
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    head_env = {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "HOME": str(short),
+                "RAY_USAGE_STATS_ENABLED": "0"}
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    head = subprocess.Popen([ray_cli, "start", "--head", "--block", "--port", str(port), "--num-cpus", "1",
+                             "--include-dashboard", "false", "--temp-dir", str(short / "t")], env=head_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert head.poll() is None, "ray start --head exited"
+            time.sleep(0.5)
+        env = {**base, "HOME": str(short), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        r = subprocess.run([sys.executable, "-m", "vitdeploy", "infer", str(corpus), "-m", str(emb), "-o",
+                            f"{tmp_path / 'emb'}/", "--ray-address", f"127.0.0.1:{port}"], env=env,
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        head.terminate()
+        try:
+            head.wait(60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()
+        shutil.rmtree(short, ignore_errors=True)
+    assert r.returncode == 1, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() + r.stdout.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "RAY_AUTH_MODE=token" in errors[0] and f"127.0.0.1:{port}" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr and not list((tmp_path / "emb").glob("*"))
