@@ -329,3 +329,121 @@ def test_resume_after_sigkill_keeps_finished_shards(emb: Path, corpus: Path, tmp
     _, rows, _ = read_shards(out)
     assert len(rows["id"]) == len(set(rows["id"])) == 100 and len(after) == 11
     assert not [f for f in out.iterdir() if f.name.startswith(".")]  # no temporary file left behind
+
+
+# A subreaper (Linux's PR_SET_CHILD_SUBREAPER) runs the command: every process the command starts, however it
+# detaches (a daemon's double fork, setsid), is re-parented to it when its parent exits, so the processes still alive
+# after the command are exactly its children, and nobody else's process is looked at. It prints them as JSON: those
+# alive the moment the command exits, and those still alive after a grace of GRACE seconds (then killed, by pid).
+SUBREAPER = r"""
+import ctypes, json, os, signal, subprocess, sys, time
+
+GRACE = float(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(36, 1, 0, 0, 0) == 0, ctypes.get_errno()  # PR_SET_CHILD_SUBREAPER
+
+
+def alive():
+    while True:  # the exited orphans are this process's zombies now: reap them
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+    out = {}
+    for task in os.listdir("/proc/self/task"):
+        try:
+            kids = open(f"/proc/self/task/{task}/children").read().split()
+        except OSError:
+            continue
+        for k in kids:
+            try:
+                name = open(f"/proc/{k}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            out[k] = name[:160]
+    return out
+
+
+rc = subprocess.call(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+at_exit = alive()
+t0 = time.monotonic()
+left = at_exit
+while left and time.monotonic() - t0 < GRACE:
+    time.sleep(0.2)
+    left = alive()
+for pid in left:
+    os.kill(int(pid), signal.SIGKILL)
+print(json.dumps({"rc": rc, "at_exit": at_exit, "after_grace": left, "grace_s": round(time.monotonic() - t0, 1)}))
+"""
+
+
+def survivors(cmd: list[str], grace: float) -> dict:
+    """Run ``cmd`` under the subreaper; what it reports (the command's exit code and the processes it left)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("RAY_ADDRESS", None)
+    r = subprocess.run([sys.executable, "-c", SUBREAPER, str(grace), *cmd], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER and /proc are Linux's")
+def test_no_ray_process_outlives_the_command(emb: Path, corpus: Path, tmp_path: Path) -> None:
+    """`infer --ray` starts a local Ray (gcs_server, raylet, workers, agents): none of them is alive once the
+    command has exited, beyond the few seconds a process takes to die of its parent's SIGTERM."""
+    pytest.importorskip("ray")
+    # the watcher sees what a command leaves: a daemon that outlives its parent is reported
+    left = survivors(["sh", "-c", "sleep 30 & exit 0"], grace=1.0)
+    assert [v for v in left["after_grace"].values() if v.startswith("sleep 30")], left
+    out = tmp_path / "emb"
+    got = survivors([sys.executable, "-m", "vitdeploy", "infer", str(corpus), "-m", str(emb), "--backend",
+                     "onnxruntime", "-o", f"{out}/", "--shard-size", "30", "--ray"], grace=10.0)
+    assert got["rc"] == 3, got  # three unreadable files listed
+    assert len(list(out.glob("part-*.parquet"))) == 4  # it did run on Ray
+    assert got["after_grace"] == {}, got
+
+
+@pytest.mark.slow
+def test_a_cluster_that_asks_for_a_token_is_said_so_in_one_line(emb: Path, corpus: Path, tmp_path: Path) -> None:
+    """Ray 2.60's `ray start --head` turns token authentication on where a token exists; a driver joining by address
+    without RAY_AUTH_MODE=token was told only "Failed to connect": the line names the cause and the fix."""
+    pytest.importorskip("ray")
+    import secrets
+    import tempfile
+
+    port = closed_port()
+    short = Path(tempfile.mkdtemp(prefix="vdr", dir="/tmp"))  # Ray's socket paths must stay under 108 bytes
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    head_env = {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "HOME": str(short),
+                "RAY_USAGE_STATS_ENABLED": "0"}
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    head = subprocess.Popen([ray_cli, "start", "--head", "--block", "--port", str(port), "--num-cpus", "1",
+                             "--include-dashboard", "false", "--temp-dir", str(short / "t")], env=head_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert head.poll() is None, "ray start --head exited"
+            time.sleep(0.5)
+        env = {**base, "HOME": str(short), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        r = subprocess.run([sys.executable, "-m", "vitdeploy", "infer", str(corpus), "-m", str(emb), "-o",
+                            f"{tmp_path / 'emb'}/", "--ray-address", f"127.0.0.1:{port}"], env=env,
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        head.terminate()
+        try:
+            head.wait(60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()
+        shutil.rmtree(short, ignore_errors=True)
+    assert r.returncode == 1, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() + r.stdout.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "RAY_AUTH_MODE=token" in errors[0] and f"127.0.0.1:{port}" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "emb").exists()  # nothing written, not even DIR

@@ -280,8 +280,27 @@ def start_ray(address: str) -> bool:
     try:
         ray.init(**kwargs)
     except (ConnectionError, TimeoutError, RuntimeError) as e:
+        if asks_for_token(e):
+            raise VitdeployError(f"the Ray cluster at {address} asks for a token (Ray's token authentication): set "
+                                 "RAY_AUTH_MODE=token, with the cluster's token in ~/.ray/auth_token or "
+                                 "RAY_AUTH_TOKEN") from None
         raise VitdeployError(f"Ray could not start or join {address}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     return True
+
+
+def asks_for_token(error: BaseException) -> bool:
+    """Whether ``ray.init`` failed because the cluster wants a token: Ray 2.60's ``ray start --head`` turns token
+    authentication on where ~/.ray/auth_token exists (any local ``ray.init()`` writes it), while a driver joining by
+    an explicit address never does, and says only "Failed to connect to Ray cluster" (the cause, deeper in the chain,
+    names InvalidAuthToken)."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__name__ == "AuthenticationError" or "InvalidAuthToken" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def run_on_ray(listing: Any, todo: list[Any], model: Path, manifest: Any, backend: str, batch_size: int, top_k: int,

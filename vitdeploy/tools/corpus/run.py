@@ -216,6 +216,7 @@ def _run(listing: Listing, folder: Path, model: Path, manifest: Any, runner: Any
     for n in pl.notes:
         if notes_out:
             notes_out(n)
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     for p in pl.remove:
         p.unlink(missing_ok=True)
@@ -256,8 +257,13 @@ def _run(listing: Listing, folder: Path, model: Path, manifest: Any, runner: Any
         if use_ray:
             from vitdeploy.tools.corpus.ray_exec import run_on_ray
 
-            run_on_ray(listing, pl.todo, model, manifest, backend, batch_size, top_k, threads, address, actors,
-                       on_batch, on_shard)
+            try:
+                run_on_ray(listing, pl.todo, model, manifest, backend, batch_size, top_k, threads, address, actors,
+                           on_batch, on_shard)
+            except BaseException:
+                if created and not any(folder.iterdir()):  # a Ray that could not start or join: DIR not left behind
+                    folder.rmdir()
+                raise
         else:
             run_in_process(listing, pl.todo, runner, batch_size, top_k, workers, host, on_batch, on_shard)
     res.seconds = time.perf_counter() - t0
