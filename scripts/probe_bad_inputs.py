@@ -967,7 +967,9 @@ def prepare_issue37(root: Path, what: str | None) -> None:
 # emb/ (the digits ViT exported as an embedding model, a two-class gallery with an unreadable image), h40/hf_clip (a
 # small transformers CLIP pair with CLIP's BPE, tests/foundation_pairs.py) and edited copies of it, h40/open_clip.
 # The documented codes: a refusal of an artifact that does not descend from the input 1 (issue 40 item 1), an output
-# that is a link to an input 2 (as -o), a damaged bundle file 1, a foreign file's bad field 1, partly done 3.
+# that is a link to an input 2 (as -o), a damaged bundle file 1, a foreign file's bad field 1, partly done 3; a class
+# list or template that cannot make a classifier (a prompt past the text context, a tab, one class) 2, as --classes'
+# other bad values.
 
 _H40_PAIRS = r"""
 import sys
@@ -1109,7 +1111,7 @@ def prepare_issue40(root: Path, what: str | None) -> None:
         _h40_embed(root)
         link = root / "e.files.txt"
         if not link.is_symlink():
-            link.symlink_to(root / "ckpt.pth")
+            link.symlink_to(root / "emb" / "embed.onnx")
     elif name == "features-link":
         _h40_tiny(root)
         link = root / "p.pth.features.npz"
@@ -1183,6 +1185,7 @@ CHECKS.update({
     "h40_names_tokjson": _said("tokenizer.json"),
     "h40_names_scale": _said("logit_scale"),
     "h40_names_context": _said("context"),
+    "h40_names_tokens": _said("tokens"),
     "h40_not_no_such_folder": _not_said("no such folder"),
     "h40_distinct_lines": _distinct_file_lines,
     "h40_no_raw": lambda r, p, t: _no_raw_exception(p),
@@ -1204,16 +1207,16 @@ def issue40_probes() -> list[Probe]:
           "A: bundle B.pth beside A's model.onnx, another -t", setup="h40:ab", check="h40_names_input",
           timeout=300, slow=True),
         # B: side files through links onto inputs
-        P(["infer", "img", "-m", "emb/embed.onnx", "-o", "e.npy"], 2, "B: e.files.txt a symlink to ckpt.pth",
+        P(["infer", "img", "-m", "emb/embed.onnx", "-o", "e.npy"], 2, "B: e.files.txt a symlink to the model",
           setup="h40:files-link", check="h40_no_raw", timeout=300, slow=True),
         P(["train", "tiny", "--init", "ckpt.pth", "--probe", "knn", "-o", "p.pth"], 2,
           "B: p.pth.features.npz a symlink to --init", setup="h40:features-link", check="h40_no_raw", timeout=300,
           slow=True),
         # C: a prompt cut by the text context, a 10,000-character class name
-        P(["import", clip, "--classes", "h40/classes.txt", "--templates", "h40/cut.txt", "-o", "zs.pth"], 1,
-          "C: a template whose {} falls past the text context", setup="h40:classes", check="h40_names_context",
+        P(["import", clip, "--classes", "h40/classes.txt", "--templates", "h40/cut.txt", "-o", "zs.pth"], 2,
+          "C: a template whose {} falls past the text context", setup="h40:classes", check="h40_names_tokens",
           timeout=300),
-        P(["import", clip, "--classes", "h40/long.txt", "--templates", "simple", "-o", "zs.pth"], 1,
+        P(["import", clip, "--classes", "h40/long.txt", "--templates", "simple", "-o", "zs.pth"], 2,
           "C: a 10,000-character class name", setup="h40:classes", check="h40_no_raw", timeout=300, slow=True),
         # D: an unreadable gallery image is partly done
         P(["infer", "img", "-m", "emb/embed.onnx", "--gallery", "emb/gal"], 3,
@@ -1247,9 +1250,9 @@ def issue40_probes() -> list[Probe]:
           setup="h40:embed", check="h40_not_no_such_folder", timeout=300, slow=True),
         P(["infer", "emb/q", "-m", "emb/embed.onnx", "-o", "e.npy"], 0, "H: files a<LF>b.png and a\\nb.png",
           setup="h40:embed", check="h40_distinct_lines", outputs=["e.npy", "e.files.txt"], timeout=300),
-        P(["import", clip, "--classes", "h40/tab.txt", "-o", "zs.pth"], 1, "H: a tab in a class name",
+        P(["import", clip, "--classes", "h40/tab.txt", "-o", "zs.pth"], 2, "H: a tab in a class name",
           setup="h40:classes", check="h40_no_raw", timeout=300, slow=True),
-        P(["import", clip, "--classes", "h40/one.txt", "-o", "zs.pth"], 1, "H: a one-class zero-shot classifier",
+        P(["import", clip, "--classes", "h40/one.txt", "-o", "zs.pth"], 2, "H: a one-class zero-shot classifier",
           setup="h40:classes", check="h40_no_raw", timeout=300, slow=True),
     ]
 
