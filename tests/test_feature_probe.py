@@ -294,7 +294,7 @@ def test_backbones_that_pool_their_own_way_fold_their_own_features(knobs: dict[s
     from vitdeploy.model.train_options import TrainOptions
 
     backbone = save_small(tmp_path / "backbone.pth", **knobs)
-    with pytest.raises(UsageError, match="own .* pooling only"):
+    with pytest.raises(UsageError, match="pools by .* itself and --pool takes no other pooling"):
         train_probe(digits_val10, TrainOptions(init=backbone, probe="linear", pool="cls+mean", out=tmp_path / "p.pth"))
     assert not (tmp_path / "p.pth").exists() and not (tmp_path / "p.pth.features.npz").exists()
     r = train_probe(digits_val10, TrainOptions(init=backbone, probe="linear", out=tmp_path / "p.pth"))
