@@ -79,37 +79,12 @@ class Lineage:
 
 
 def lineage_of(path: str | Path, manifest: Any, own_sha256: str | None = None) -> Lineage:
-    """Walk ``source`` records down to the checkpoint: an ONNX made by export records the checkpoint's SHA-256
-    (source.kind == "checkpoint"); an INT8/FP16 ONNX or an engine records the ONNX it came from, which is read
-    beside it (its manifest) when it is still there. A checkpoint is its own root (its SHA-256)."""
-    from vitdeploy.core.artifact import read_manifest
-    from vitdeploy.core.fileio import source_sha256
-    from vitdeploy.core.manifest import ENGINE_SUFFIXES
+    """The checkpoint ``path`` descends from, as core/lineage.checkpoint_root walks it (the one walk the corpus's shard
+    records are made by too, so an index and its shards name one checkpoint alike)."""
+    from vitdeploy.core.lineage import checkpoint_root
 
-    p = Path(path)
-    shas: list[str] = [own_sha256] if own_sha256 else []
-    if p.suffix not in (".onnx", *ENGINE_SUFFIXES):  # a checkpoint (.pth, a Hugging Face folder): the root itself
-        root = own_sha256 or source_sha256(p)
-        return Lineage(root, (root,))
-    m, here = manifest, p
-    for _ in range(16):  # a chain is 3 long (checkpoint → ONNX → INT8 → engine); a loop cannot go on for ever
-        src = m.source or {}
-        sha = src.get("sha256")
-        if isinstance(sha, str) and sha:
-            shas.append(sha)
-        if src.get("kind") == "checkpoint" and isinstance(sha, str) and sha:
-            return Lineage(sha, tuple(shas))
-        name = src.get("artifact")
-        if not isinstance(name, str) or not name:
-            break
-        beside = here.parent / Path(name).name
-        if beside == here or not beside.is_file():
-            break
-        try:
-            m, here = read_manifest(beside), beside
-        except (VitdeployError, OSError, ValueError):
-            break
-    return Lineage(None, tuple(shas))
+    root = checkpoint_root(path, manifest, own_sha256)
+    return Lineage(root.checkpoint, root.shas)
 
 
 # --- an index gallery, opened --------------------------------------------------------------------------------------

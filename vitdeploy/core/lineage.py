@@ -302,3 +302,66 @@ def replacing_note(out: str | Path, origin: str | Path) -> str | None:
         return None
     return (f"replaced {p} (made from {d.made_from_text()}, not {Path(origin).name}): the models made from the "
             "earlier one beside it are now stale (bundle re-makes them from this one)")
+
+
+# --- the checkpoint root: which checkpoint does this model descend from? ------------------------------------------
+#
+# One walk, asked by the gallery (an index of another checkpoint is refused) and the corpus shard sink (another
+# checkpoint's shards are refused): both record and compare what it answers, so they must answer alike.
+
+_MAX_RECORDS = 16  # a chain is a few records long (engine → INT8 → fp32 → checkpoint); a loop of records ends here
+
+
+@dataclass(frozen=True)
+class Root:
+    """The checkpoint an artifact descends from: ``checkpoint`` is its SHA-256 (None where the chain breaks before a
+    record of kind ``checkpoint``: a model.int8.onnx whose model.onnx is gone or was replaced), ``shas`` every SHA-256
+    known along the way, the artifact's own first where given, then each recorded source's, deepest last."""
+
+    checkpoint: str | None
+    shas: tuple[str, ...] = ()
+
+
+def checkpoint_root(path: str | Path, manifest: Manifest | None = None, own_sha256: str | None = None) -> Root:
+    """Walk ``path``'s recorded ``source`` down to its checkpoint. A checkpoint (a .pth, a Hugging Face folder) is its
+    own root. For an ONNX model or an engine: the first record of kind ``checkpoint`` (as export writes); on the way,
+    a record's embedded ``parent`` (as an engine's sidecar carries its ONNX's source), else the manifest of the source
+    ONNX standing beside it (model.int8.onnx names model.onnx), read only while its bytes still match the record: a
+    model.onnx exported again since, from another checkpoint, says nothing about what this artifact was made from."""
+    p = Path(path)
+    if p.suffix not in (".onnx", *_ENGINES):
+        root = own_sha256 or source_sha256(p)
+        return Root(root, (root,))
+    m = manifest if manifest is not None else _manifest_of(p)
+    shas: list[str] = [own_sha256] if own_sha256 else []
+    rec: Any = (m.source if m is not None else None) or {}
+    here = p
+    for _ in range(_MAX_RECORDS):
+        if not isinstance(rec, dict):
+            break
+        sha = rec.get("sha256")
+        sha = sha if isinstance(sha, str) and sha else None
+        if sha:
+            shas.append(sha)
+        if sha and rec.get("kind") == "checkpoint":
+            return Root(sha, tuple(shas))
+        parent = rec.get("parent")
+        if isinstance(parent, dict) and (parent.get("sha256") or parent.get("artifact")):
+            rec = parent
+            continue
+        name = rec.get("artifact")
+        if not isinstance(name, str) or not name:
+            break
+        beside = here.parent / Path(name).name
+        if beside == here or beside.suffix != ".onnx" or not beside.is_file():
+            break
+        try:
+            if _sha(beside) != sha:  # replaced since (or no SHA-256 recorded): the record is all we know
+                break
+        except (VitdeployError, OSError):
+            break
+        bm = _manifest_of(beside)
+        if bm is None:
+            break
+        rec, here = bm.source or {}, beside
+    return Root(None, tuple(shas))

@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vitdeploy.core.errors import VitdeployError
 from vitdeploy.core.fileio import source_sha256
-from vitdeploy.core.naming import ENGINE_SUFFIXES
 
 
 @dataclass(frozen=True)
@@ -24,39 +22,12 @@ class ModelId:
 
 
 def checkpoint_sha256(path: str | Path, manifest: Any) -> str:
-    """The SHA-256 of the checkpoint ``path`` descends from: its own for a checkpoint; for an ONNX model or an engine,
-    the first record of kind ``checkpoint`` along its source records (``parent`` links, and the manifest of a source
-    ONNX standing beside it, as model.int8.onnx names model.onnx); else the deepest SHA-256 recorded; else its own."""
-    from vitdeploy.core.artifact import read_manifest
+    """The SHA-256 of the checkpoint ``path`` descends from (core/lineage.checkpoint_root: the walk the gallery asks
+    too); where the chain breaks before the checkpoint, the deepest SHA-256 recorded; else its own."""
+    from vitdeploy.core.lineage import checkpoint_root
 
-    p = Path(path)
-    if p.suffix != ".onnx" and p.suffix not in ENGINE_SUFFIXES:
-        return source_sha256(p)
-    rec: Any = manifest.source or {}
-    last: str | None = None
-    for _ in range(32):  # a chain is a few links long; a cycle in a foreign manifest ends here
-        if not isinstance(rec, dict):
-            break
-        sha = rec.get("sha256")
-        if rec.get("kind") == "checkpoint" and isinstance(sha, str):
-            return sha
-        if isinstance(sha, str):
-            last = sha
-        parent = rec.get("parent")
-        if isinstance(parent, dict) and (parent.get("sha256") or parent.get("artifact")):
-            rec = parent
-            continue
-        name = rec.get("artifact")
-        beside = p.parent / Path(str(name)).name if name else None
-        if beside is None or not beside.is_file() or beside.suffix != ".onnx" or beside == p:
-            break
-        try:
-            if source_sha256(beside) != sha:  # replaced since: the record is what we know
-                break
-            rec = read_manifest(beside).source or {}
-        except (VitdeployError, OSError, ValueError):
-            break
-    return last or source_sha256(p)
+    root = checkpoint_root(path, manifest)
+    return root.checkpoint or (root.shas[-1] if root.shas else source_sha256(Path(path)))
 
 
 def model_id(path: str | Path, manifest: Any) -> ModelId:
