@@ -32,7 +32,9 @@ def separating_clip(root: Path, tokenizer_dir: Path) -> Path:
     token's embedding 0 and the position embeddings 0.01·N(0, 1) (perturb's are 0.5·N(0, 1) against tokens of
     0.1·N(0, 1)). The pooled vector is read at the end-of-text token, so its residual is what attention mixes in from
     the prompt's words, not a constant every prompt shares; the projection is 64-d (24 in the tests' pair). Measured
-    on the 10,000 names of the import in docs: largest cosine between two classes 0.9952 over 10 templates."""
+    on 10,000 names (ImageNet's, then each with a number: 'drum 11') x open_clip's 80 templates: largest cosine
+    between two classes 0.995013 ('drum 11', 'lipstick 11'), against 0.99994 over 1,500 of them for the tests'
+    hf_clip."""
     import foundation_pairs as fp
     import torch
     import transformers as T
