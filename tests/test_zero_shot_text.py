@@ -361,6 +361,62 @@ def test_batches_answer_as_one_class_at_a_time_and_report_each_phase(pairs: dict
 
 
 @pytest.mark.slow
+def test_the_bar_clock_runs_through_each_phase(pairs: dict[str, Path], tmp_path: Path, monkeypatch: Any) -> None:
+    """The text tower's pass has the check pass's total, and rich kept the check's finished clock for it: through the
+    whole encode of 10,000 classes × 80 templates the bar read an elapsed time frozen at the check's end and 0:00:00
+    remaining. Each phase now starts its own clock: never finished before its last report."""
+    import rich.progress
+
+    seen: list[tuple[str, int, bool]] = []
+
+    class Recording(rich.progress.Progress):
+        def update(self, task_id: Any, **kw: Any) -> None:
+            super().update(task_id, **kw)
+            t = self._tasks[task_id]
+            seen.append((t.description, int(t.completed), t.finished))
+
+        def reset(self, task_id: Any, **kw: Any) -> None:
+            super().reset(task_id, **kw)
+            t = self._tasks[task_id]
+            seen.append((t.description, int(t.completed), t.finished))
+
+    monkeypatch.setattr(rich.progress, "Progress", Recording)
+    (tmp_path / "c.txt").write_text("\n".join(["cat", "dog", "rocket", "tench", "goldfish", "hen", "ostrich", "jay",
+                                               "magpie", "newt", "frog", "turtle", "gecko", "iguana"]) + "\n")
+    r = CliRunner().invoke(app, ["import", str(pairs["hf_clip"]), "--classes", str(tmp_path / "c.txt"), "-o",
+                                 str(tmp_path / "z.pth")], terminal_width=400)
+    assert r.exit_code == 0, r.output
+    tower = [(done, finished) for phase, done, finished in seen if phase == "text tower" and done]
+    assert tower == [(960, False), (1120, True)], seen  # 12 classes × 80 templates a forward, then 2 × 80
+
+
+@pytest.mark.slow
+def test_a_transformers_tower_tokenises_each_prompt_once_and_encodes_as_its_own_call(pairs: dict[str, Path]) -> None:
+    """The check pass's ids are the encode pass's (the tokenizer called once a prompt, not twice: a third of a small
+    tower's time at 10,000 classes × 80 templates), padded by the tokenizer's own ``pad``: the features equal those
+    of the tokenizer's padded call exactly, CLIP padded to the longest prompt and SigLIP to its context."""
+    import torch
+
+    from vitdeploy.model.zero_shot import class_embeddings, open_pair, read_templates, text_tower
+
+    templates = read_templates("openai")[:9]
+    prompts = [t.format(c) for c in ("cat", "great white shark", "a b c d e f") for t in templates]
+    for name in ("hf_clip", "hf_siglip"):
+        tower = text_tower(*open_pair(pairs[name]))
+        assert tower.encodes_ids
+        assert torch.equal(tower.encode_ids(tower.ids(prompts)), tower.encode(prompts)), name
+        tower.encodes_ids = False  # the tokenizer's own padded call, as open_clip's towers still encode
+        expected = class_embeddings(tower, ["cat", "great white shark", "a b c d e f"], templates)
+        tower.encodes_ids = True
+        calls: list[int] = []
+        ids = tower.ids
+        tower.ids = lambda ps, ids=ids, calls=calls: calls.append(len(ps)) or ids(ps)  # type: ignore[method-assign]
+        tower.encode = lambda ps: (_ for _ in ()).throw(AssertionError("tokenised again"))  # type: ignore[method-assign]
+        assert torch.equal(class_embeddings(tower, ["cat", "great white shark", "a b c d e f"], templates), expected)
+        assert calls == [27], calls
+
+
+@pytest.mark.slow
 def test_off_a_terminal_a_long_text_tower_says_where_it_is(pairs: dict[str, Path], tmp_path: Path,
                                                           monkeypatch: Any) -> None:
     """In a log or a pipe the bar is off; a line per LOG_EVERY_S seconds says each phase's count (4f50930: nothing

@@ -117,7 +117,10 @@ def _import_zero_shot(source: Path, out: Path, arch: Optional[str], labels: Opti
         clock: list[float] = []  # [start, last line]: from the text tower's first report, not the image tower's load
 
         def on_progress(done: int, total: int, phase: str = "text tower") -> None:
-            prog.update(task, total=total, completed=done, description=phase)
+            if prog.tasks[0].description != phase:  # each phase its own clock: the text tower's pass has the check's
+                prog.reset(task, total=total, completed=done, description=phase)  # total, and rich kept the check's
+            else:  # finished clock for it (elapsed frozen, 0:00:00 remaining through the whole encode)
+                prog.update(task, total=total, completed=done)
             now = time.monotonic()
             if not clock:
                 clock.extend((now, now))
