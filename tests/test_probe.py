@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "probe_bad_inputs.py"
 SHARDS = 4
-FAST = 95  # fast probes in all, at least (issue 37 brought them from 79 to 97)
+FAST = 116  # fast probes in all, at least (issue 37 brought them from 79 to 97, issue 40 to 116)
 AT_LEAST = FAST // SHARDS - 1  # probes per shard
 
 
@@ -37,6 +37,8 @@ def test_the_shards_cover_every_fast_probe() -> None:
     shards = [_count("--shard", f"{i}/{SHARDS}") for i in range(SHARDS)]
     assert sum(shards) == _count() >= FAST and min(shards) >= AT_LEAST, shards
     assert _count("--only", "run.py") >= 3 and _count("--only", "HF") >= 3, "issue 37's probes are in the fast set"
+    for family in "ABCDEFGH":  # issue 40: one of each family (A another checkpoint's model ... H messages)
+        assert _count("--only", f"{family}:") >= 1, f"issue 40's family {family} has no fast probe"
 
 
 @pytest.fixture(scope="session")
