@@ -1173,8 +1173,8 @@ def _not_said(*words: str) -> Callable[[Path, subprocess.CompletedProcess[str], 
 
 
 def _distinct_file_lines(r: Path, p: subprocess.CompletedProcess[str], t: float) -> str | None:
-    lines = (r / "e.files.txt").read_text(encoding="utf-8", errors="surrogateescape").splitlines()
-    return None if len(lines) == len(set(lines)) == 2 else f"file list lines {lines!r}"
+    lines = (r / "q.files.txt").read_text(encoding="utf-8", errors="surrogateescape").splitlines()
+    return None if len(lines) == len(set(lines)) == 2 else f"file list lines {lines[:4]!r}"[:200]
 
 
 CHECKS.update({
@@ -1248,8 +1248,8 @@ def issue40_probes() -> list[Probe]:
         # H: messages that say something false
         P(["infer", "img", "-m", "emb/embed.onnx", "--gallery", "img/a.png"], 2, "H: --gallery a file",
           setup="h40:embed", check="h40_not_no_such_folder", timeout=300, slow=True),
-        P(["infer", "emb/q", "-m", "emb/embed.onnx", "-o", "e.npy"], 0, "H: files a<LF>b.png and a\\nb.png",
-          setup="h40:embed", check="h40_distinct_lines", outputs=["e.npy", "e.files.txt"], timeout=300),
+        P(["infer", "emb/q", "-m", "emb/embed.onnx", "-o", "q.npy"], 0, "H: files a<LF>b.png and a\\nb.png",
+          setup="h40:embed", check="h40_distinct_lines", outputs=["q.npy", "q.files.txt"], timeout=300),
         P(["import", clip, "--classes", "h40/tab.txt", "-o", "zs.pth"], 2, "H: a tab in a class name",
           setup="h40:classes", check="h40_no_raw", timeout=300, slow=True),
         P(["import", clip, "--classes", "h40/one.txt", "-o", "zs.pth"], 2, "H: a one-class zero-shot classifier",
