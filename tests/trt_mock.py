@@ -776,7 +776,8 @@ def _behaviour(trt: MockModule, mock: Mock, enums: dict[str, type], classes: dic
             n = int(np.prod(self._m_shape)) * in_t.itemsize
             x = np.frombuffer(ctypes.string_at(self._m_addr[e._m_inp.name], n), in_t).reshape(self._m_shape)
             missing = [o.name for o in e._m_outs if o.name not in self._m_addr]
-            if missing:  # TensorRT: every I/O tensor needs an address before enqueue (it fails, and logs which)
+            if missing:  # NvInferRuntime.h (10.16, IExecutionContext::setTensorAddress): "Before calling enqueueV3(), each
+                # input must have a non-null address and each output must have a non-null address or an IOutputAllocator"
                 calls.append(("execute-refused", tuple(missing)))
                 return False
             for o, y in zip(e._m_outs, e._m_session.run(None, {e._m_inp.name: x}), strict=True):
